@@ -1,0 +1,28 @@
+"""Which device the book runs on, said once at the top of every chapter."""
+from __future__ import annotations
+
+import platform
+
+
+def pick_device(device: str | None = None) -> str:
+    """The device to use: the one asked for, else CUDA when present, else CPU."""
+    if device is not None:
+        return str(device)
+    try:
+        import torch
+    except ImportError:  # the scheduling chapters work without torch
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def describe_device() -> str:
+    """One line naming the accelerator (or CPU) this notebook runs on; printed by the setup cell."""
+    try:
+        import torch
+    except ImportError:
+        return f"CPU ({platform.processor() or platform.machine()}), torch not installed"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return f"CPU ({platform.machine()}, {threads} threads), torch {torch.__version__} — no GPU: GPU sections are skipped"

@@ -1,0 +1,86 @@
+"""Open every page of the built site in headless Chromium (Debian's, driven by Playwright).
+
+Fails on a JavaScript error, an image that did not load, or a chapter page without an
+"Open in Colab" link; saves a full-page screenshot of each page for a person to look at.
+
+    python tests/site_check.py _build/html --screenshots _build/screenshots
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import sys
+import threading
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("site", type=Path)
+    ap.add_argument("--screenshots", type=Path, default=Path("_build/screenshots"))
+    args = ap.parse_args()
+    pages = sorted(p for p in args.site.rglob("*.html")
+                   if not {"_static", "_sources", "_sphinx_design_static"} & set(p.relative_to(args.site).parts)
+                   and p.name not in {"genindex.html", "search.html"})
+    if not pages:
+        print(f"no pages under {args.site}")
+        return 1
+    args.screenshots.mkdir(parents=True, exist_ok=True)
+    server, base = serve(args.site)
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        for page_path in pages:
+            rel = page_path.relative_to(args.site).as_posix()
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc, errors=errors: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg, errors=errors: errors.append(f"console error: {msg.text}")
+                    if msg.type == "error" and "Failed to load resource" not in msg.text else None)
+            failed_local: list[str] = []
+            page.on("requestfailed", lambda req, f=failed_local: f.append(req.url) if req.url.startswith(base) else None)
+            page.goto(f"{base}/{rel}", wait_until="load")
+            page.wait_for_timeout(300)
+            broken = page.evaluate(
+                "() => Array.from(document.images).filter(i => i.offsetParent !== null || i.closest('article'))"
+                ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.currentSrc || i.src)")
+            for e in errors:
+                problems.append(f"{rel}: {e}")
+            for src in broken:
+                problems.append(f"{rel}: image did not load: {src}")
+            for url in failed_local:
+                problems.append(f"{rel}: request failed: {url}")
+            if rel.startswith("chapters/"):
+                colab = page.locator("a[href*='colab.research.google.com']").count()
+                if colab == 0:
+                    problems.append(f"{rel}: no 'Open in Colab' link")
+            shot = args.screenshots / (rel.replace("/", "__").removesuffix(".html") + ".png")
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"checked {rel} ({len(errors)} errors, {len(broken)} broken images) -> {shot}")
+            page.close()
+        browser.close()
+    server.shutdown()
+    if problems:
+        print("\nSITE CHECK FAILED:", *problems, sep="\n  ")
+        return 1
+    print(f"\nsite check passed: {len(pages)} pages, screenshots in {args.screenshots}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
