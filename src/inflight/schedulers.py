@@ -1,0 +1,155 @@
+"""The token-count schedulers of Part I: static batching and continuous batching.
+
+A request is an id and a number of tokens to generate. One call to `step()` is one generation step
+of the whole system: every active request gets exactly one token. The two schedulers differ only
+in *when* they admit waiting requests into the batch.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from numbers import Real
+from typing import Hashable
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def _check_positive_number(name: str, value: object) -> Real:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not value > 0:  # also rejects NaN
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+@dataclass
+class _Entry:
+    request_id: Hashable
+    remaining: int
+    memory_cost: Real
+
+
+class _SchedulerBase:
+    """Waiting queue, active batch and the checks on `add_request` shared by both schedulers."""
+
+    def __init__(self, max_batch_size: int):
+        self.max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
+        self._waiting: deque[_Entry] = deque()
+        self._active: dict[Hashable, _Entry] = {}  # insertion order = admission order
+        self._unfinished: set = set()  # ids waiting or running, for the duplicate check
+
+    def add_request(self, request_id: Hashable, num_tokens: int, memory_cost: Real = 1) -> None:
+        """Queue a request that needs `num_tokens` generation steps and holds `memory_cost` while active.
+
+        Ids must be hashable and unique among unfinished requests (a finished id may be reused).
+        """
+        try:
+            hash(request_id)
+        except TypeError:
+            raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
+        _check_positive_int("num_tokens", num_tokens)
+        _check_positive_number("memory_cost", memory_cost)
+        if request_id in self._unfinished:
+            raise ValueError(f"duplicate request id {request_id!r}: it is already waiting or running")
+        self._unfinished.add(request_id)
+        self._waiting.append(_Entry(request_id, num_tokens, memory_cost))
+
+    # --- read-only views, for chapters and tests -------------------------------------------------
+    @property
+    def active(self) -> dict:
+        """{request_id: tokens still to generate} of the running batch, in admission order (a copy)."""
+        return {rid: e.remaining for rid, e in self._active.items()}
+
+    @property
+    def waiting(self) -> list:
+        """Ids of the queued requests, front of the queue first (a copy)."""
+        return [e.request_id for e in self._waiting]
+
+    @property
+    def active_memory(self) -> Real:
+        """Total `memory_cost` of the running batch."""
+        return sum(e.memory_cost for e in self._active.values())
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._waiting or self._active)
+
+    # --- the step ---------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        raise NotImplementedError
+
+    def step(self) -> list:
+        """One generation step: admit, give every active request one token, retire finished ones.
+
+        Returns the sorted ids processed in this step (finished ones included).
+        """
+        self._admit()  # before processing: a request admitted now gets its first token now
+        processed = sorted(self._active)
+        for rid in processed:
+            entry = self._active[rid]
+            entry.remaining -= 1
+            if entry.remaining == 0:
+                del self._active[rid]
+                self._unfinished.discard(rid)  # its slot (and memory) is free from the NEXT step on
+        return processed
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(max_batch_size={self.max_batch_size}, "
+                f"active={self.active}, waiting={self.waiting})")
+
+
+class ContinuousBatchScheduler(_SchedulerBase):
+    """Continuous (iteration-level) batching: a free slot is refilled at the very next step.
+
+    With `max_memory` set, admission also needs the running batch's total `memory_cost` to stay
+    within it. Admission is strict FIFO: if the request at the front of the queue doesn't fit,
+    nobody behind it is admitted this step, even a smaller request that would fit.
+
+    A request whose own `memory_cost` exceeds `max_memory` is accepted by `add_request` (as the
+    spec says) but can never be admitted: once it reaches the front of the queue it blocks every
+    request behind it forever (head-of-line deadlock). `step()` then simply returns `[]`; nothing
+    crashes. A real server would reject such a request at submission time.
+    With the defaults (`max_memory=None`, `memory_cost=1`) the behaviour is exactly slot-only.
+    """
+
+    def __init__(self, max_batch_size: int, max_memory: Real | None = None):
+        super().__init__(max_batch_size)
+        if max_memory is not None:
+            _check_positive_number("max_memory", max_memory)
+        self.max_memory = max_memory
+
+    def _fits(self, entry: _Entry, used: Real) -> bool:
+        return self.max_memory is None or used + entry.memory_cost <= self.max_memory
+
+    def _admit(self) -> None:
+        used = self.active_memory
+        while self._waiting and len(self._active) < self.max_batch_size:
+            head = self._waiting[0]
+            if not self._fits(head, used):
+                break  # strict FIFO: no skipping ahead to a smaller request
+            self._waiting.popleft()
+            self._active[head.request_id] = head
+            used += head.memory_cost
+
+    def is_blocked(self) -> bool:
+        """True when the front of the queue can never be admitted (its cost exceeds `max_memory`)."""
+        return bool(self._waiting) and self.max_memory is not None and self._waiting[0].memory_cost > self.max_memory
+
+
+class StaticBatchScheduler(_SchedulerBase):
+    """Static batching: a new batch (up to `max_batch_size` requests, FIFO) is admitted only when
+    every request of the current batch has finished. `memory_cost` is accepted for a uniform
+    interface and otherwise ignored."""
+
+    def _admit(self) -> None:
+        if self._active:
+            return  # the batch is still draining: free slots stay idle
+        while self._waiting and len(self._active) < self.max_batch_size:
+            entry = self._waiting.popleft()
+            self._active[entry.request_id] = entry
