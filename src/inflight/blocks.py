@@ -1,0 +1,171 @@
+"""`BlockAllocator`: a fixed pool of KV-cache blocks, a free list and reference counts.
+
+A block holds the keys and values of `block_size` consecutive tokens of one sequence. A sequence
+owns a *block table* (the list of its block ids, in token order); token `p` lives in slot
+`block_table[p // block_size] * block_size + p % block_size`. Allocation and free touch only the
+blocks involved — never the whole pool — so they cost the same with 100 or 100,000 blocks.
+
+Reference counts let several sequences share a block (prefix caching, beam search): `free`
+decrements, and a block returns to the free list only when nobody holds it any more. Content
+hashes for prefix caching belong in `_take_free_block` / `_release_block` (a subclass can keep
+released blocks findable by hash until they are reused); they are not implemented here.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Iterable, Sequence
+
+__all__ = ["BlockAllocator", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity"]
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Raised when a request asks for more blocks than are free right now (it may fit later)."""
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        # numpy / torch integers are fine; floats and strings are not
+        try:
+            import operator
+
+            value = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size), 0 for 0 tokens."""
+    num_tokens = _check_int("num_tokens", num_tokens, 0)
+    block_size = _check_int("block_size", block_size, 1)
+    return -(-num_tokens // block_size)  # integer ceil, no float rounding
+
+
+def slot_mapping(block_table: Sequence[int], positions: Iterable[int], block_size: int) -> list[int]:
+    """Cache slot of each token position: `block_table[p // block_size] * block_size + p % block_size`."""
+    block_size = _check_int("block_size", block_size, 1)
+    slots = []
+    for p in positions:
+        p = _check_int("position", p, 0)
+        i = p // block_size
+        if i >= len(block_table):
+            raise ValueError(f"position {p} needs logical block {i}, but the block table has only {len(block_table)} blocks")
+        slots.append(int(block_table[i]) * block_size + p % block_size)
+    return slots
+
+
+class BlockAllocator:
+    """A fixed pool of `num_blocks` KV blocks of `block_size` tokens, with reference counts.
+
+    `allocate(n)` hands out `n` free blocks (reference count 1); `free(blocks)` drops one reference
+    from each and returns a block to the free list when its count reaches zero; `incref(blocks)`
+    adds a holder to blocks already in use. Invariant after every call: num_free + num_used == num_blocks.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = _check_int("num_blocks", num_blocks, 1)
+        self.block_size = _check_int("block_size", block_size, 1)
+        # Free list: FIFO, so a just-freed block is reused last (friendlier to a later prefix cache,
+        # which wants freed blocks to stay intact as long as possible). Built once: O(pool) at
+        # construction only.
+        self._free: deque[int] = deque(range(self.num_blocks))
+        self._ref_counts: list[int] = [0] * self.num_blocks
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks on the free list."""
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by at least one sequence."""
+        return self.num_blocks - len(self._free)
+
+    def ref_count(self, block: int) -> int:
+        """How many holders `block` has (0 = free)."""
+        return self._ref_counts[self._check_block(block)]
+
+    def can_allocate(self, n: int) -> bool:
+        """Whether `allocate(n)` would succeed right now."""
+        return _check_int("n", n, 0) <= len(self._free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks needed for `num_tokens` tokens at this allocator's block size (ceil division)."""
+        return blocks_needed(num_tokens, self.block_size)
+
+    # -- changes ---------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """Take `n` blocks off the free list, each with reference count 1. All or nothing."""
+        n = _check_int("n", n, 0)
+        if n > self.num_blocks:
+            raise ValueError(f"asked for {n} blocks but the pool only has {self.num_blocks}")
+        if n > len(self._free):
+            # checked before taking anything: a failed allocation must not leak partial blocks
+            raise NoFreeBlocksError(f"asked for {n} blocks but only {len(self._free)} of {self.num_blocks} are free")
+        blocks = [self._take_free_block() for _ in range(n)]
+        for b in blocks:
+            self._ref_counts[b] = 1
+        return blocks
+
+    def free(self, blocks: Iterable[int]) -> None:
+        """Drop one reference from each block; a block whose count reaches 0 returns to the free list.
+
+        Validated before anything changes: freeing an unknown block, or more references than a
+        block has (a double free), raises ValueError and leaves the allocator untouched.
+        """
+        counts = Counter(self._check_block(b) for b in blocks)
+        for b, k in counts.items():
+            if self._ref_counts[b] < k:
+                state = "already free" if self._ref_counts[b] == 0 else f"held {self._ref_counts[b]} time(s)"
+                raise ValueError(f"double free of block {b}: freed {k} time(s) but it is {state}")
+        for b, k in counts.items():
+            self._ref_counts[b] -= k
+            if self._ref_counts[b] == 0:
+                self._release_block(b)
+
+    def incref(self, blocks: Iterable[int]) -> None:
+        """Add one holder to each block (each must be in use): sharing without copying."""
+        blocks = [self._check_block(b) for b in blocks]
+        for b in blocks:
+            if self._ref_counts[b] == 0:
+                raise ValueError(f"incref of free block {b}: only blocks in use can be shared")
+        for b in blocks:
+            self._ref_counts[b] += 1
+
+    # -- extension points (prefix caching hooks in here) ----------------------------------
+    def _take_free_block(self) -> int:
+        """Pop one block id off the free list."""
+        return self._free.popleft()
+
+    def _release_block(self, block: int) -> None:
+        """Put a block whose reference count reached zero back on the free list."""
+        self._free.append(block)
+
+    def _check_block(self, block: object) -> int:
+        try:
+            b = _check_int("block", block, 0)
+        except ValueError:
+            raise ValueError(f"unknown block {block}: ids run 0..{self.num_blocks - 1}") from None
+        if b >= self.num_blocks:
+            raise ValueError(f"unknown block {b}: ids run 0..{self.num_blocks - 1}")
+        return b
+
+    def __repr__(self) -> str:
+        return (f"BlockAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"free={self.num_free}, used={self.num_used})")
+
+
+def ensure_capacity(allocator: BlockAllocator, block_table: list[int], num_tokens: int) -> list[int]:
+    """Grow `block_table` (in place) so it can hold `num_tokens` tokens; return the blocks added.
+
+    This is what appending tokens to a sequence costs: a new block only when the last one is full.
+    """
+    missing = allocator.blocks_needed(num_tokens) - len(block_table)
+    if missing <= 0:
+        return []
+    new = allocator.allocate(missing)
+    block_table.extend(new)
+    return new
