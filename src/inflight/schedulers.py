@@ -153,3 +153,19 @@ class StaticBatchScheduler(_SchedulerBase):
         while self._waiting and len(self._active) < self.max_batch_size:
             entry = self._waiting.popleft()
             self._active[entry.request_id] = entry
+
+
+class SkipAheadScheduler(ContinuousBatchScheduler):
+    """Continuous batching that skips ahead: when the front of the queue doesn't fit the memory
+    budget, admit later requests that do (scanning in FIFO order). Chapter 4 measures it against
+    strict FIFO: fewer idle slots, but a large request can starve behind a stream of small ones."""
+
+    def _admit(self) -> None:
+        used = self.active_memory
+        for entry in list(self._waiting):
+            if len(self._active) >= self.max_batch_size:
+                break
+            if self._fits(entry, used):
+                self._waiting.remove(entry)
+                self._active[entry.request_id] = entry
+                used += entry.memory_cost
