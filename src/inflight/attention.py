@@ -1,0 +1,91 @@
+"""Paged attention over a ragged batch: a plain-torch reference and a dispatcher to a Triton kernel.
+
+The reference gathers every sequence's keys and values through its block table with ONE index
+operation for the whole batch (padded to the longest context, with a mask), then runs one batched
+`scaled_dot_product_attention`. No Python loop over tokens or sequences: the same code serves a
+prefill of 500 tokens, 64 decodes, or both at once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import AttentionMetadata
+
+__all__ = ["write_kv", "paged_attention", "attention", "last_backend"]
+
+_last_backend: str | None = None
+
+
+def last_backend() -> str | None:
+    """Which implementation the last `attention` call used: "torch" (reference) or "triton"."""
+    return _last_backend
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter new keys/values `[T, kv_heads, head_dim]` into their slots of one layer's cache."""
+    nb, bs, kvh, d = k_cache.shape
+    k_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    """Reference attention for a mixed prefill/decode batch: q `[T, H, D]` -> `[T, H, D]`.
+
+    Causal within each sequence, over everything in its cache (earlier chunks included); grouped-query
+    attention when H is a multiple of the cache's kv heads."""
+    T, H, D = q.shape
+    nb, bs, kvh, _ = k_cache.shape
+    if H % kvh:
+        raise ValueError(f"{H} query heads is not a multiple of {kvh} kv heads")
+    g = H // kvh
+    d = meta.derived()
+    S, Q, L = meta.num_seqs, meta.max_query_len, meta.max_context_len
+    # one gather for the whole batch: [S, L, kvh, D] -> [S, kvh, L, D]
+    k = k_cache.view(nb * bs, kvh, D)[d["kv_slots"]].permute(0, 2, 1, 3)
+    v = v_cache.view(nb * bs, kvh, D)[d["kv_slots"]].permute(0, 2, 1, 3)
+    if meta.is_decode:
+        qp = q.view(S, kvh, g, D)  # decode: each sequence's single query; its g heads share a kv head
+        mask = d["mask"][:, None, :, :]  # [S, 1, 1, L]
+    else:
+        qp = q.new_zeros(S, Q, H, D)
+        qp[d["tok_seq"], d["tok_idx"]] = q
+        # fold the g query heads of each kv head into the query axis, so K/V are never repeated
+        qp = qp.view(S, Q, kvh, g, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, g * Q, D)
+        mask = d["mask"][:, None, None].expand(S, 1, g, Q, L).reshape(S, 1, g * Q, L)
+    out = F.scaled_dot_product_attention(qp, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+    if meta.is_decode:
+        return out.reshape(T, H, D)
+    out = out.view(S, kvh, g, Q, D).permute(0, 3, 1, 2, 4).reshape(S, Q, H, D)
+    return out[d["tok_seq"], d["tok_idx"]]
+
+
+def _triton_decode():
+    try:
+        from .triton_attention import paged_decode_attention  # written by the paged-KV chapter
+    except Exception:  # module missing, triton missing or broken: fall back to the reference
+        return None
+    return paged_decode_attention
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+              scale: float, backend: str = "auto") -> torch.Tensor:
+    """Dispatch: the Triton decode kernel for decode-only batches on CUDA (when available), else the reference.
+
+    `backend` = "auto" | "torch" | "triton" ("triton" raises if the kernel can't run here)."""
+    global _last_backend
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend != "torch" and meta.is_decode and (q.is_cuda or backend == "triton"):
+        kernel = _triton_decode()
+        if kernel is not None:
+            _last_backend = "triton"
+            return kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        if backend == "triton":
+            raise RuntimeError("backend='triton' asked for, but inflight.triton_attention could not be imported")
+    elif backend == "triton":
+        raise RuntimeError("the Triton kernel handles decode-only batches (every query_len 1)")
+    _last_backend = "torch"
+    return paged_attention(q, k_cache, v_cache, meta, scale)

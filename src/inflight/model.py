@@ -1,0 +1,334 @@
+"""A Llama-architecture decoder in plain torch, written for serving (nanoGPT in spirit).
+
+RMSNorm, rotary position embeddings (Hugging Face's rotate-half convention), grouped-query
+attention, a SwiGLU MLP, tied or untied embeddings, optional q/k/v bias (Qwen2). One forward pass
+takes a *flattened ragged batch*: the new tokens of several requests concatenated, each with its
+position, writing K/V into a `KVCache` and reading it back through `AttentionMetadata` — so prefill
+chunks and decode tokens of different requests run in the same call.
+
+Projections are fused (q|k|v in one matrix, gate|up in another) because on a small model every
+saved kernel launch counts; `load_hf_state_dict` / `hf_state_dict` convert to and from Hugging Face's
+separate tensors.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import attention
+from .kv_cache import AttentionMetadata, KVCache
+
+__all__ = ["LlamaConfig", "LlamaModel", "RMSNorm"]
+
+
+@dataclass
+class LlamaConfig:
+    """Hyperparameters, named as in Hugging Face's `LlamaConfig`."""
+
+    vocab_size: int = 257
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # None, or {"rope_type": "llama3" | "linear", ...}
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Llama: bias on q, k, v and o
+    qkv_bias: bool | None = None  # Qwen2: bias on q, k, v only (None -> attention_bias)
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    model_type: str = "llama"
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.qkv_bias is None:
+            self.qkv_bias = self.attention_bias
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Llama-family models use 'silu')")
+        _rope_inv_freq(self)  # reject unsupported rope_scaling now, not at the first forward
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        e = self.eos_token_id
+        return [] if e is None else [e] if isinstance(e, int) else list(e)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":
+        """From a Hugging Face config.json dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`)."""
+        cfg = dict(cfg)
+        rope = cfg.pop("rope_parameters", None) or {}
+        scaling = cfg.get("rope_scaling") or None
+        if "rope_theta" not in cfg and "rope_theta" in rope:
+            cfg["rope_theta"] = rope["rope_theta"]
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if scaling is None and rope_type != "default":
+            scaling = rope
+        cfg["rope_scaling"] = scaling
+        if cfg.get("model_type") == "qwen2":
+            cfg.setdefault("qkv_bias", True)  # Qwen2 always has q/k/v bias and no o bias
+            cfg["attention_bias"] = False
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in names})
+
+    def to_hf(self) -> dict[str, Any]:
+        """A config.json dict that transformers' LlamaForCausalLM reads."""
+        d = asdict(self)
+        d.pop("qkv_bias")
+        d["architectures"] = ["LlamaForCausalLM"]
+        d["torch_dtype"] = "float32"
+        return d
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype  # normalise in float32 like HF, then scale in the model's dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = cfg.rope_scaling
+    if not sc:
+        return inv_freq
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / sc["factor"]
+    if kind == "llama3":  # Llama 3.1: stretch low frequencies, keep high ones, blend in between
+        factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old_ctx = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        return torch.where(medium, blended, scaled)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.scale = self.head_dim ** -0.5
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.unflatten(-1, (self.n_heads, self.head_dim))
+        k = k.unflatten(-1, (self.n_kv, self.head_dim))
+        v = v.unflatten(-1, (self.n_kv, self.head_dim))
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache):
+        """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
+        from .attention import write_kv
+
+        q, k, v = self._qkv(x, cos, sin)
+        kc, vc = kv_cache.k_cache[self.layer_idx], kv_cache.v_cache[self.layer_idx]
+        write_kv(kc, vc, k, v, meta.slot_mapping)
+        out = attention(q, kc, vc, meta, self.scale)
+        return self.o_proj(out.flatten(-2))
+
+    def forward_dense(self, x, cos, sin):
+        """x `[B, L, hidden]`, causal, no cache: the training path."""
+        q, k, v = (t.transpose(1, 2) for t in self._qkv(x, cos, sin))  # [B, heads, L, D]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+                                             enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).flatten(-2))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_dense(self, x, cos, sin):
+        x = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The decoder plus its LM head. `forward` serves ragged batches over a KV cache;
+    `forward_dense` is the plain causal pass used for training."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # a plain attribute, not a buffer: model.to(bfloat16) must not round the rotary frequencies
+        self._inv_freq = _rope_inv_freq(config)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights are counted once
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * self._inv_freq  # float32, as HF does
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """Flattened ragged batch `input_ids [T]`, `positions [T]` -> float32 logits of the rows in
+        `logits_indices` (usually each sequence's last token) or of every token."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(f"input_ids and positions must both be 1-D [T]; got {tuple(input_ids.shape)} "
+                             f"and {tuple(positions.shape)}")
+        if input_ids.numel() != meta.num_tokens:
+            raise ValueError(f"{input_ids.numel()} tokens but the metadata describes {meta.num_tokens}")
+        if kv_cache.num_layers != len(self.layers):
+            raise ValueError(f"KV cache has {kv_cache.num_layers} layers, model has {len(self.layers)}")
+        x = self.embed_tokens(input_ids)
+        cos, sin = self._rope(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta, kv_cache)
+        if logits_indices is not None:
+            x = x[logits_indices]  # the LM head only where a token will be sampled
+        return self.lm_head(self.norm(x)).float()
+
+    def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`input_ids [B, L]` -> logits `[B, L, vocab]`, causal, no KV cache (training / scoring)."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self._rope(torch.arange(input_ids.shape[1], device=input_ids.device), x.dtype)
+        for layer in self.layers:
+            x = layer.forward_dense(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+    # --- Hugging Face weight names <-> our fused ones ---------------------------------------------
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights under Hugging Face Llama names (separate q/k/v and gate/up), ready for safetensors."""
+        out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": self.embed_tokens.weight,
+                                        "model.norm.weight": self.norm.weight}
+        if not self.config.tie_word_embeddings:
+            out["lm_head.weight"] = self.lm_head.weight
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = layer.self_attn
+            for suffix in ["weight", "bias"] if self.config.qkv_bias else ["weight"]:
+                q, k, v = getattr(a.qkv_proj, suffix).split([a.q_size, a.kv_size, a.kv_size], dim=0)
+                out.update({p + f"self_attn.q_proj.{suffix}": q, p + f"self_attn.k_proj.{suffix}": k,
+                            p + f"self_attn.v_proj.{suffix}": v})
+            out[p + "self_attn.o_proj.weight"] = a.o_proj.weight
+            if self.config.attention_bias:
+                out[p + "self_attn.o_proj.bias"] = a.o_proj.bias
+            m = layer.mlp
+            for suffix in ["weight", "bias"] if self.config.mlp_bias else ["weight"]:
+                g, u = getattr(m.gate_up_proj, suffix).split(m.inter, dim=0)
+                out[p + f"mlp.gate_proj.{suffix}"], out[p + f"mlp.up_proj.{suffix}"] = g, u
+                out[p + f"mlp.down_proj.{suffix}"] = getattr(m.down_proj, suffix)
+            out[p + "input_layernorm.weight"] = layer.input_layernorm.weight
+            out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
+        return {k: v.detach().contiguous() for k, v in out.items()}
+
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named weights in; a missing or misshapen tensor is an error naming it."""
+        expected = {k: v.shape for k, v in self.hf_state_dict().items()}
+        tensors = dict(tensors)
+        if self.config.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)  # some tied checkpoints store it anyway
+        elif "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+            raise ValueError("checkpoint has no lm_head.weight but config says tie_word_embeddings=false")
+        missing = sorted(set(expected) - set(tensors))
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
+        unexpected = sorted(k for k in set(tensors) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
+        if unexpected:
+            raise ValueError(f"checkpoint has {len(unexpected)} tensor(s) this architecture does not use, "
+                             f"e.g. {unexpected[:5]}")
+        for name, shape in expected.items():
+            if tuple(tensors[name].shape) != tuple(shape):
+                raise ValueError(f"shape mismatch for {name}: checkpoint has {tuple(tensors[name].shape)}, "
+                                 f"config implies {tuple(shape)}")
+        t = tensors
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(t["model.embed_tokens.weight"])
+            self.norm.weight.copy_(t["model.norm.weight"])
+            if not self.config.tie_word_embeddings:
+                self.lm_head.weight.copy_(t["lm_head.weight"])
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                a = layer.self_attn
+                for suffix in ["weight", "bias"] if self.config.qkv_bias else ["weight"]:
+                    getattr(a.qkv_proj, suffix).copy_(torch.cat(
+                        [t[p + f"self_attn.{n}_proj.{suffix}"] for n in "qkv"], dim=0))
+                a.o_proj.weight.copy_(t[p + "self_attn.o_proj.weight"])
+                if self.config.attention_bias:
+                    a.o_proj.bias.copy_(t[p + "self_attn.o_proj.bias"])
+                m = layer.mlp
+                for suffix in ["weight", "bias"] if self.config.mlp_bias else ["weight"]:
+                    getattr(m.gate_up_proj, suffix).copy_(torch.cat(
+                        [t[p + f"mlp.gate_proj.{suffix}"], t[p + f"mlp.up_proj.{suffix}"]], dim=0))
+                    getattr(m.down_proj, suffix).copy_(t[p + f"mlp.down_proj.{suffix}"])
+                layer.input_layernorm.weight.copy_(t[p + "input_layernorm.weight"])
+                layer.post_attention_layernorm.weight.copy_(t[p + "post_attention_layernorm.weight"])

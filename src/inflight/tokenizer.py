@@ -1,0 +1,77 @@
+"""Tokenizers with one small interface: `encode(str) -> list[int]`, `decode(list[int]) -> str`, `eos_token_id`.
+
+`ByteTokenizer` is the shipped tiny model's: the 256 byte values plus one end-of-text token (256),
+so any UTF-8 text round-trips and nothing needs a vocabulary file. `HFTokenizer` wraps a Hugging
+Face `AutoTokenizer` behind the same interface for real checkpoints.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+__all__ = ["ByteTokenizer", "HFTokenizer"]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255, plus end-of-text = 256."""
+
+    vocab_size = 257
+    eos_token_id = 256
+    bos_token_id = None
+    pad_token_id = 256
+
+    def encode(self, text: str, add_eos: bool = False) -> list[int]:
+        """The UTF-8 bytes of `text` (plus end-of-text when `add_eos`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"ByteTokenizer.encode expects a str, got {type(text).__name__}")
+        ids = list(text.encode("utf-8"))
+        return ids + [self.eos_token_id] if add_eos else ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; a cut-off multi-byte character shows as U+FFFD instead of raising."""
+        out = bytearray()
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                out.append(i)
+            elif i == self.eos_token_id:
+                if not skip_special_tokens:
+                    out.extend(b"<|endoftext|>")
+            else:
+                raise ValueError(f"token id {i} is outside the byte tokenizer's vocabulary (0..256)")
+        return out.decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=257, eos_token_id=256)"
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer behind the `ByteTokenizer` interface."""
+
+    def __init__(self, hf_tokenizer: Any):
+        self.hf = hf_tokenizer
+        self.eos_token_id = hf_tokenizer.eos_token_id
+        self.bos_token_id = getattr(hf_tokenizer, "bos_token_id", None)
+        self.pad_token_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else self.eos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs: Any) -> "HFTokenizer":
+        from transformers import AutoTokenizer  # only needed for real checkpoints
+
+        return cls(AutoTokenizer.from_pretrained(path, **kwargs))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a chat, using the checkpoint's own template."""
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, eos_token_id={self.eos_token_id})"
