@@ -1,0 +1,144 @@
+"""Pictures of scheduling: Gantt charts of slots over steps, utilization and memory curves, and a
+static-vs-continuous animation that plays on the website (`to_jshtml`)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.animation import FuncAnimation
+from matplotlib.patches import Patch, Rectangle
+
+from .simulate import SimResult
+
+WASTE = "#d62728"  # hatch colour: idle while someone waits
+IDLE = "#ececec"  # idle, nobody waiting
+_CMAP = plt.get_cmap("tab20")
+
+
+def _runs(values: Sequence[Any]) -> list[tuple[int, int, Any]]:
+    """(start, length, value) of each run of equal consecutive values."""
+    out, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            out.append((start, i - start, values[start]))
+            start = i
+    return out
+
+
+def _colors(result: SimResult) -> dict[Any, Any]:
+    order = {rid: i for i, rid in enumerate(result.requests)}
+    return {rid: _CMAP((i * 7) % 20) for rid, i in order.items()}  # neighbours get distinct colours
+
+
+def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels: bool | None = None,
+          legend: bool = True, xmax: int | None = None) -> Any:
+    """Slots (rows) over steps (x): one coloured bar per request, idle slot-steps shaded —
+    red where a request was waiting (wasted), grey where there was nothing to run."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.35 * result.num_slots + 1.5))
+    colors = _colors(result)
+    steps = result.steps
+    if labels is None:
+        labels = len(result.requests) <= 30
+    for slot in range(result.num_slots):
+        col = [row[slot] for row in result.timeline]
+        for start, length, rid in _runs(col):
+            if rid is None:
+                # split the idle run by whether anyone was waiting
+                waste = [result.waiting[t] > 0 for t in range(start, start + length)]
+                for s2, l2, w in _runs(waste):
+                    if w:
+                        ax.broken_barh([(start + s2, l2)], (slot - 0.4, 0.8), facecolor="white",
+                                       edgecolor=WASTE, hatch="////", lw=0)
+                    else:
+                        ax.broken_barh([(start + s2, l2)], (slot - 0.4, 0.8), color=IDLE, lw=0)
+            else:
+                ax.broken_barh([(start, length)], (slot - 0.4, 0.8), color=colors[rid], edgecolor="white", lw=0.5)
+                if labels and length >= max(2, steps / 40):
+                    ax.text(start + length / 2, slot, str(rid), ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, xmax or max(steps, 1))
+    ax.set_ylim(result.num_slots - 0.5, -0.5)
+    ax.set_yticks(range(result.num_slots))
+    ax.set_yticklabels([f"slot {s}" for s in range(result.num_slots)] if result.num_slots <= 16 else
+                       [str(s) if s % 4 == 0 else "" for s in range(result.num_slots)])
+    ax.set_xlabel("step")
+    ax.set_title(title if title is not None else
+                 f"{result.name or 'schedule'}: {steps} steps, {result.utilization:.0%} of slot-steps busy",
+                 loc="left", fontsize=10)
+    if legend:
+        ax.legend(handles=[Patch(facecolor="white", edgecolor=WASTE, hatch="////", label="idle while requests wait"),
+                           Patch(color=IDLE, label="idle, queue empty")],
+                  loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=8, frameon=False)
+    return ax
+
+
+def utilization_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = None) -> Any:
+    """Busy slots at every step, one line per schedule, with the slot count as the ceiling."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3))
+    items = results.items() if isinstance(results, dict) else [(r.name, r) for r in results]
+    top = 0
+    for name, r in items:
+        ax.step(range(r.steps), r.busy_per_step(), where="post", label=f"{name} ({r.utilization:.0%} busy)")
+        top = max(top, r.num_slots)
+    ax.axhline(top, color="k", ls=":", lw=1)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("busy slots")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def memory_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = None) -> Any:
+    """Memory held by the running batch at every step, against the budget."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3))
+    items = results.items() if isinstance(results, dict) else [(r.name, r) for r in results]
+    budget = None
+    for name, r in items:
+        ax.step(range(r.steps), r.memory, where="post", label=name)
+        budget = r.max_memory if r.max_memory is not None else budget
+    if budget is not None:
+        ax.axhline(budget, color="crimson", ls="--", lw=1, label="max_memory")
+    ax.set_xlabel("step")
+    ax.set_ylabel("memory in use")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def animate_side_by_side(results: dict[str, SimResult], *, frames: int = 40, interval: int = 120,
+                         dpi: int = 72) -> FuncAnimation:
+    """An animation revealing two (or more) schedules step by step on a shared time axis."""
+    rs = list(results.values())
+    xmax = max(r.steps for r in rs)
+    fig, axes = plt.subplots(len(rs), 1, figsize=(9, 1.4 + 0.9 * sum(0.35 * r.num_slots + 0.6 for r in rs)),
+                             dpi=dpi, sharex=True, squeeze=False)
+    axes = axes[:, 0]
+    curtains, texts = [], []
+    for ax, (name, r) in zip(axes, results.items()):
+        gantt(r, ax, title=name, labels=False, legend=False, xmax=xmax)
+        curtains.append(ax.add_patch(Rectangle((0, -1), xmax + 1, r.num_slots + 2, color="white", zorder=5)))
+        texts.append(ax.text(1.0, 1.02, "", transform=ax.transAxes, ha="right", va="bottom", fontsize=9))
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    fig.tight_layout()
+    ticks = sorted({round(i * xmax / (frames - 1)) for i in range(frames)})
+
+    def draw(t: int):
+        for r, cur, txt in zip(rs, curtains, texts):
+            cur.set_x(t)
+            done = sum(1 for s in r.requests.values() if s.finish_step is not None and s.finish_step < t)
+            txt.set_text(f"step {min(t, r.steps)}: {done}/{len(r.requests)} requests done"
+                         + ("  ✓" if t >= r.steps else ""))
+        return curtains + texts
+
+    anim = FuncAnimation(fig, draw, frames=ticks, interval=interval, blit=False)
+    plt.close(fig)
+    return anim
+
+
+def to_html(anim: FuncAnimation) -> Any:
+    """The animation as an HTML player that works on the static site (no kernel needed)."""
+    from IPython.display import HTML
+
+    return HTML(anim.to_jshtml(default_mode="once"))
