@@ -1,0 +1,238 @@
+"""How much of the reserved KV memory holds real tokens, step by step, on a workload.
+
+Two layouts serve the same requests from the same pool of token slots:
+
+* contiguous — each running request reserves `max_len` slots up front (its largest possible
+  length), the way a server without paging must;
+* paged — each request holds `ceil(tokens / block_size)` blocks from a `BlockAllocator`, one more
+  whenever its last block fills; when the pool runs dry the youngest request is preempted
+  (its blocks freed, recomputed later), as vLLM does.
+
+A step model: a request admitted at step t holds `prompt_len + 1` tokens at t (prefill wrote the
+prompt and produced the first output token), one more every step after, and is freed after the
+step in which it reaches `prompt_len + output_len`. Utilization = Σ_steps tokens / Σ_steps
+reserved slots. The paged *ceiling* is what paging cannot avoid: each request's unfilled tail of
+its last block, Σ ceil(tokens_i / bs) · bs.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .blocks import BlockAllocator, NoFreeBlocksError, ensure_capacity
+
+__all__ = ["KVTimeline", "simulate_kv", "short_chat", "sharegpt_like", "lengths_of", "utilization_table",
+           "tail_waste_estimate", "requests_that_fit"]
+
+
+def lengths_of(requests: Iterable[Any]) -> list[tuple[int, int]]:
+    """(prompt_len, output_len) pairs from `Request`s (anything with those attributes) or pairs."""
+    out = []
+    for r in requests:
+        p, o = (r.prompt_len, r.output_len) if hasattr(r, "prompt_len") else r
+        if p < 0 or o < 1:
+            raise ValueError(f"need prompt_len >= 0 and output_len >= 1, got ({p}, {o})")
+        out.append((int(p), int(o)))
+    return out
+
+
+def short_chat(n: int, seed: int = 0, prompt_range: tuple[int, int] = (16, 128), mean_output: float = 48,
+               max_output: int = 256) -> list[tuple[int, int]]:
+    """The chapter's long-tailed workload: prompts uniform in `prompt_range`, outputs exponential
+    with mean `mean_output` capped at `max_output` (the server's max_tokens)."""
+    try:  # the scheduling chapters' generator, when present, so both parts share one definition
+        from .workloads import capped_exponential
+    except ImportError:  # pragma: no cover
+        def capped_exponential(rng, mean, max_len, min_len=1):
+            return int(min(max_len, max(min_len, math.ceil(rng.expovariate(1.0 / mean)))))
+    rng = random.Random(f"kv-short-chat-{seed}")
+    lo, hi = prompt_range
+    return [(rng.randint(lo, hi), capped_exponential(rng, mean_output, max_output)) for _ in range(n)]
+
+
+def sharegpt_like(n: int, seed: int = 0, max_len: int = 2048) -> list[tuple[int, int]]:
+    """Chat-shaped lengths of a few hundred tokens (prompt + output clipped to `max_len`)."""
+    try:
+        from .workloads import sharegpt_like as gen
+
+        pairs = lengths_of(gen(n, seed, max_len=max_len))
+    except ImportError:  # pragma: no cover
+        rng = np.random.default_rng(seed)
+        pairs = [(int(min(max_len, max(4, p))), int(min(max_len, max(4, o))))
+                 for p, o in zip(rng.lognormal(math.log(200), 1.0, n), rng.lognormal(math.log(220), 0.9, n))]
+    return [(p, max(1, min(o, max_len - p))) if p < max_len else (max_len - 1, 1) for p, o in pairs]
+
+
+@dataclass
+class KVTimeline:
+    """Per-step record of one run: tokens held, slots reserved, the paging ceiling, requests running."""
+
+    layout: str
+    block_size: int  # for "contiguous": the reservation per request (max_len)
+    pool_slots: int
+    tokens: np.ndarray
+    reserved: np.ndarray
+    ceiling_reserved: np.ndarray
+    running: np.ndarray
+    preemptions: int = 0
+    finished: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def utilization(self) -> float:
+        """Fraction of reserved slots (summed over steps) that held a real token."""
+        return float(self.tokens.sum() / max(1, self.reserved.sum()))
+
+    @property
+    def ceiling(self) -> float:
+        """Utilization if the only waste were each request's unfilled last block."""
+        return float(self.tokens.sum() / max(1, self.ceiling_reserved.sum()))
+
+    @property
+    def mean_running(self) -> float:
+        """Requests held in memory at once, averaged over the run."""
+        return float(self.running.mean()) if self.steps else 0.0
+
+    def summary(self) -> dict:
+        return {"layout": self.layout, "block_size": self.block_size, "pool_slots": self.pool_slots,
+                "utilization": round(self.utilization, 4), "ceiling": round(self.ceiling, 4),
+                "mean_running": round(self.mean_running, 2), "steps": self.steps,
+                "preemptions": self.preemptions}
+
+
+def simulate_kv(requests: Iterable[Any], layout: str = "paged", *, block_size: int = 16,
+                max_len: int | None = None, pool_slots: int | None = None,
+                max_batch_size: int | None = None, watermark: float = 0.01) -> KVTimeline:
+    """Run `requests` (all waiting at step 0, FCFS) through a KV pool of `pool_slots` token slots.
+
+    `layout`: "contiguous" (reserve `max_len` per request) or "paged" (blocks of `block_size` from a
+    `BlockAllocator`). `max_len` defaults to the workload's longest prompt + longest output (what a
+    server must allow); `pool_slots` defaults to 32 contiguous reservations. `watermark`: the
+    fraction of paged blocks admission leaves free for running requests to grow into (vLLM's 1%).
+    """
+    reqs = lengths_of(requests)
+    if not reqs:
+        raise ValueError("no requests")
+    if layout not in ("paged", "contiguous"):
+        raise ValueError(f"layout must be 'paged' or 'contiguous', got {layout!r}")
+    longest = max(p + o for p, o in reqs)
+    max_len = max_len or (max(p for p, _ in reqs) + max(o for _, o in reqs))
+    if max_len < longest:
+        raise ValueError(f"max_len {max_len} is shorter than the longest request ({longest} tokens)")
+    pool_slots = pool_slots or 32 * max_len
+    if pool_slots < max_len:
+        raise ValueError(f"a pool of {pool_slots} slots cannot hold even one request of max_len {max_len}")
+    max_batch_size = max_batch_size or len(reqs)
+
+    if layout == "paged":
+        alloc = BlockAllocator(pool_slots // block_size, block_size)
+        unit = block_size
+    else:
+        alloc = BlockAllocator(pool_slots // max_len, max_len)  # one "block" = one max-length reservation
+        unit = max_len
+    if alloc.num_blocks * unit < longest:
+        raise ValueError(f"a pool of {pool_slots} slots ({alloc.num_blocks} blocks of {unit}) cannot hold "
+                         f"the longest request ({longest} tokens)")
+    if not 0 <= watermark < 1:
+        raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+    reserve = int(watermark * alloc.num_blocks) if layout == "paged" else 0
+    waiting: deque[int] = deque(range(len(reqs)))
+    running: list[int] = []  # admission order: the last one is the youngest (preempted first)
+    tables: dict[int, list[int]] = {}
+    held: dict[int, int] = {}
+    tokens_t, reserved_t, ceiling_t, running_t = [], [], [], []
+    preemptions = finished = 0
+
+    def need(n_tokens: int) -> int:
+        return alloc.blocks_needed(n_tokens) if layout == "paged" else 1
+
+    while waiting or running:
+        # 1. admit FCFS while the head of the queue fits (no skipping ahead)
+        admitted = set()
+        while waiting and len(running) < max_batch_size:
+            i = waiting[0]
+            first = reqs[i][0] + 1  # prefill wrote the prompt and produced the first output token
+            if not alloc.can_allocate(need(first) + (reserve if running else 0)):
+                break
+            waiting.popleft()
+            tables[i] = alloc.allocate(need(first))
+            held[i] = first
+            running.append(i)
+            admitted.add(i)
+        # 2. every earlier request decodes one token; a paged one may need a new block, and when
+        #    the pool is dry the youngest running request is preempted (recomputed later)
+        for i in list(running):
+            if i in admitted or i not in tables:  # just admitted, or preempted a moment ago
+                continue
+            if layout == "paged":
+                while i in tables:
+                    try:
+                        ensure_capacity(alloc, tables[i], held[i] + 1)
+                        break
+                    except NoFreeBlocksError:
+                        victim = running.pop()
+                        alloc.free(tables.pop(victim))
+                        held.pop(victim)
+                        waiting.appendleft(victim)
+                        admitted.discard(victim)
+                        preemptions += 1
+                if i not in tables:
+                    continue
+            held[i] += 1
+        if not running and waiting:
+            raise RuntimeError("a request does not fit in the pool on its own")
+        # 3. record the step
+        tok = sum(held[i] for i in running)
+        tokens_t.append(tok)
+        reserved_t.append(alloc.num_used * unit)
+        ceiling_t.append(sum(-(-held[i] // unit) * unit for i in running) if layout == "paged" else alloc.num_used * unit)
+        running_t.append(len(running))
+        # 4. finished requests give their memory back
+        for i in list(running):
+            p, o = reqs[i]
+            if held[i] >= p + o:
+                alloc.free(tables.pop(i))
+                held.pop(i)
+                running.remove(i)
+                finished += 1
+    return KVTimeline(layout, unit, pool_slots, np.array(tokens_t), np.array(reserved_t),
+                      np.array(ceiling_t), np.array(running_t), preemptions, finished)
+
+
+def utilization_table(requests: Sequence[Any], block_sizes: Sequence[int] = (8, 16, 32), *,
+                      max_len: int | None = None, pool_slots: int | None = None) -> dict[str, KVTimeline]:
+    """The same workload and pool through the contiguous layout and paged layouts of each block size."""
+    runs = {"contiguous": simulate_kv(requests, "contiguous", max_len=max_len, pool_slots=pool_slots)}
+    for bs in block_sizes:
+        runs[f"paged-{bs}"] = simulate_kv(requests, "paged", block_size=bs, max_len=max_len, pool_slots=pool_slots)
+    return runs
+
+
+def tail_waste_estimate(requests: Sequence[Any], block_size: int) -> float:
+    """Rule of thumb for the paged ceiling: a request of L tokens wastes about (block_size - 1) / 2
+    slots, so utilization ≈ E[L] / (E[L] + (block_size - 1) / 2), with L its length while it runs."""
+    pairs = lengths_of(requests)
+    # average tokens held over a request's life (prompt + growing output), weighted by how long it runs
+    held = sum(o * p + o * (o + 1) / 2 for p, o in pairs) / sum(o for _, o in pairs)
+    return held / (held + (block_size - 1) / 2)
+
+
+def requests_that_fit(budget_bytes: int, bytes_per_token: int, *, max_len: int, typical_len: float,
+                      block_size: int = 16) -> dict[str, int]:
+    """How many requests a KV budget holds at once: contiguous (each reserves `max_len` tokens) vs
+    paged (each holds ceil(typical_len / block_size) blocks)."""
+    if budget_bytes < 0 or bytes_per_token < 1:
+        raise ValueError("budget_bytes must be >= 0 and bytes_per_token >= 1")
+    slots = budget_bytes // bytes_per_token
+    per_request = math.ceil(typical_len / block_size) * block_size
+    return {"slots": int(slots), "contiguous": int(slots // max_len),
+            "paged": int((slots // block_size) // (per_request // block_size))}
