@@ -1,0 +1,411 @@
+"""The scheduler behind `LLMEngine`: one iteration = reap → budget → admit → preempt → decode.
+
+Each step is its own short method so the book can show it and an exercise can reorder them:
+
+1. `reap`    — requests that finished in the previous step leave; their KV blocks go back to the pool.
+2. `budget`  — what this step may hand out: free blocks minus blocks already promised to running
+               requests' next tokens minus a watermark, the token budget, the free batch slots.
+3. `admit`   — swapped-out requests come back first, then waiting ones in (priority, arrival)
+               order, while slots, tokens and blocks allow; prompts may be prefilled in chunks.
+4. `preempt` — give every running request the blocks its next tokens need; when the pool is dry,
+               evict the lowest-priority (latest-arrived) running request by recompute or swap.
+5. decode    — `batch()` describes the ragged batch (prefill chunks + decode tokens) for the model,
+               and `update()` advances every request by what the forward pass computed.
+
+The scheduler knows nothing about tensors: swapping goes through a `swapper` (two callbacks), so
+the same code drives the real engine and the simulated KV pool of the chapter's exercise.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+from .blocks import BlockAllocator
+from .sequence import Sequence, SequenceStatus, check_stop
+
+__all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
+
+#: The order of one iteration (the chapter's exercise asks for exactly this).
+STEP_ORDER = ("reap", "budget", "admit", "preempt", "decode")
+
+
+@dataclass
+class SchedulerConfig:
+    """The knobs, with vLLM's meaning: `max_batch_size` ~ max_num_seqs, `max_batched_tokens` ~
+    max_num_batched_tokens, `watermark_blocks` kept free at admission so growth doesn't preempt at once."""
+
+    max_batch_size: int = 64
+    max_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    preemption: str = "recompute"  # or "swap"
+    watermark_blocks: int = 0
+    max_model_len: int = 2048
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.preemption not in ("recompute", "swap"):
+            raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        for name in ("max_batch_size", "max_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_batched_tokens < self.max_batch_size:
+            raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_batch_size "
+                             f"({self.max_batch_size}): every running request needs one token per step")
+        if self.watermark_blocks < 0:
+            raise ValueError(f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
+
+
+@dataclass
+class Budget:
+    """What admission may hand out in this step."""
+
+    blocks: int    # free blocks - promised - watermark (negative: running requests need more than is free)
+    tokens: int    # tokens left in this step's forward pass
+    slots: int     # requests that may still join the batch
+    promised: int  # blocks reserved for the running requests' next tokens
+
+
+@dataclass
+class StepEvents:
+    """What happened in one iteration (the engine's stats and the exercise's measurements)."""
+
+    reaped: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    swapped_in: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    overcommitted_blocks: int = 0   # admission trusted a budget the pool could not honour
+    tokens_without_kv: int = 0      # scheduled tokens with no KV slot at decode time (dropped)
+    wasted_tokens: int = 0          # tokens computed for requests that had already finished
+    free_blocks_at_decode: int = 0
+    budget: Budget | None = None
+
+
+@dataclass
+class SchedulerOutput:
+    """The batch handed to decode: `seqs[i]` computes `seqs[i].num_scheduled_tokens` tokens."""
+
+    seqs: list[Sequence]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+class Swapper(Protocol):
+    """Moves KV blocks between the device pool and the CPU pool (pairs of (device_block, cpu_block))."""
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None: ...
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None: ...
+
+
+class _NoCopy:
+    def swap_out(self, pairs):  # the simulated pool has no tensors to move
+        pass
+
+    def swap_in(self, pairs):
+        pass
+
+
+class Scheduler:
+    """Queues (waiting / running / swapped) over a `BlockAllocator`, advanced one iteration at a time."""
+
+    def __init__(self, allocator: BlockAllocator, config: SchedulerConfig,
+                 cpu_allocator: BlockAllocator | None = None, swapper: Swapper | None = None):
+        if config.preemption == "swap" and cpu_allocator is None:
+            raise ValueError("preemption='swap' needs a cpu_allocator (the CPU pool's blocks)")
+        self.allocator = allocator
+        self.cpu_allocator = cpu_allocator
+        self.swapper = swapper or _NoCopy()
+        self.config = config
+        self.block_size = allocator.block_size
+        self.waiting: list[Sequence] = []   # sorted by (priority, arrival, submission)
+        self.running: list[Sequence] = []   # admission order
+        self.swapped: list[Sequence] = []   # sorted like waiting
+        self.current_budget = Budget(0, 0, 0, 0)
+        self.events = StepEvents()
+        self.num_preemptions = 0
+
+    # -- queues ----------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request (its place follows its priority, then its arrival)."""
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=_key)
+
+    def has_unfinished(self) -> bool:
+        """Whether a request still needs work (finished ones awaiting their reap don't count)."""
+        return bool(self.waiting or self.swapped) or any(s.finish_reason is None for s in self.running)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is and give its blocks back."""
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def begin_step(self) -> StepEvents:
+        self.events = StepEvents()
+        return self.events
+
+    # -- 1. reap ---------------------------------------------------------------------------------
+    def reap(self) -> list[Sequence]:
+        """Remove the requests whose last token ended them (EOS, stop token, max_tokens) and free their blocks."""
+        done = [s for s in self.running if s.finish_reason is not None]
+        if done:
+            self.running = [s for s in self.running if s.finish_reason is None]
+            for s in done:
+                self._release(s)
+                s.num_scheduled_tokens = 0
+                s.status = SequenceStatus.FINISHED
+        self.events.reaped.extend(done)
+        return done
+
+    # -- 2. budget -------------------------------------------------------------------------------
+    def budget(self) -> Budget:
+        """Plan the running requests' tokens (decodes first, then prefill chunks) and reserve their
+        blocks; what is left of the pool, the token budget and the slots is what admission may use."""
+        cfg, bs = self.config, self.block_size
+        tokens, promised = cfg.max_batched_tokens, 0
+        for s in self.running:  # decodes first: one token each, so a long prefill never starves them
+            if s.num_tokens - s.num_computed_tokens == 1:
+                s.num_scheduled_tokens = 1
+                tokens -= 1
+                if s.num_computed_tokens % bs == 0:  # the new token starts a fresh block
+                    promised += max(0, 1 + s.num_computed_tokens // bs - len(s.block_table))
+        for s in self.running:  # then the rest of any prompt being prefilled in chunks
+            remaining = s.num_tokens - s.num_computed_tokens
+            if remaining > 1:
+                q = min(remaining, tokens) if cfg.enable_chunked_prefill else remaining
+                q = max(q, 0)
+                s.num_scheduled_tokens = q
+                tokens -= q
+                promised += max(0, -(-(s.num_computed_tokens + q) // bs) - len(s.block_table))
+        free = self.allocator.num_free - promised - cfg.watermark_blocks
+        self.current_budget = Budget(free, tokens, cfg.max_batch_size - len(self.running), promised)
+        self.events.budget = Budget(free, tokens, cfg.max_batch_size - len(self.running), promised)
+        return self.current_budget
+
+    # -- 3. admit --------------------------------------------------------------------------------
+    def admit(self) -> list[Sequence]:
+        """Bring back swapped requests, then admit waiting ones in order, while the budget allows.
+
+        Strict order (no skipping ahead): if the head of the queue does not fit, nobody behind it
+        is admitted this step — head-of-line blocking, the price of fairness."""
+        b, cfg = self.current_budget, self.config
+        admitted: list[Sequence] = []
+        while self.swapped and b.slots > 0 and b.tokens > 0:
+            s = self.swapped[0]
+            q = self._chunk(s, b)
+            need = -(-(s.num_computed_tokens + q) // self.block_size)
+            if q == 0 or need > b.blocks or not self._can_allocate(need):
+                break
+            self.swapped.pop(0)
+            self._swap_in(s, need)
+            self._join(s, q, need, b)
+            self.events.swapped_in.append(s)
+        if self.swapped:  # swapped requests go first: no new admissions until they are all back
+            return admitted
+        while self.waiting and b.slots > 0 and b.tokens > 0:
+            s = self.waiting[0]
+            q = self._chunk(s, b)
+            need = -(-(s.num_computed_tokens + q) // self.block_size) - len(s.block_table)
+            if q == 0 or need > b.blocks or not self._can_allocate(need):
+                break
+            self.waiting.pop(0)
+            s.block_table.extend(self.allocator.allocate(need))
+            self._join(s, q, need, b)
+            admitted.append(s)
+        self.events.admitted.extend(admitted)
+        return admitted
+
+    def _chunk(self, s: Sequence, b: Budget) -> int:
+        """Tokens `s` would compute this step: all that remain, or a chunk that fits the token budget."""
+        remaining = s.num_tokens - s.num_computed_tokens
+        if self.config.enable_chunked_prefill:
+            return min(remaining, b.tokens)
+        if remaining <= b.tokens or b.tokens == self.config.max_batched_tokens:
+            return remaining  # (an over-long prompt may run alone in an otherwise empty step)
+        return 0
+
+    def _can_allocate(self, need: int) -> bool:
+        if self.allocator.can_allocate(need):
+            return True
+        # the budget said yes but the pool says no: only a stale or skipped budget gets here
+        self.events.overcommitted_blocks += need - self.allocator.num_free
+        return False
+
+    def _join(self, s: Sequence, q: int, need: int, b: Budget) -> None:
+        s.status = SequenceStatus.RUNNING
+        s.num_scheduled_tokens = q
+        self.running.append(s)
+        b.blocks -= need
+        b.tokens -= q
+        b.slots -= 1
+
+    # -- 4. preempt ------------------------------------------------------------------------------
+    def preempt(self) -> list[Sequence]:
+        """Allocate the blocks each running request's scheduled tokens need; when the pool runs dry,
+        preempt the lowest-priority (latest-arrived) running request until the rest fit."""
+        bs, alloc = self.block_size, self.allocator
+        needs = []
+        total = 0
+        for s in self.running:
+            if s.num_scheduled_tokens:
+                n = -(-(s.num_computed_tokens + s.num_scheduled_tokens) // bs) - len(s.block_table)
+                if n > 0:
+                    needs.append((s, n))
+                    total += n
+        victims: list[Sequence] = []
+        if total <= alloc.num_free:  # the common case: everything fits, no sorting needed
+            for s, n in needs:
+                s.block_table.extend(alloc.allocate(n))
+            return victims
+        for s, n in sorted(needs, key=lambda sn: _key(sn[0])):  # most important first
+            if s.status is not SequenceStatus.RUNNING:
+                continue  # already preempted as a victim of someone more important
+            while n > alloc.num_free:
+                victim = max((r for r in self.running), key=_key)
+                self._preempt(victim)
+                victims.append(victim)
+                if victim is s:
+                    break
+            if s.status is SequenceStatus.RUNNING:
+                s.block_table.extend(alloc.allocate(n))
+        return victims
+
+    def _preempt(self, s: Sequence) -> None:
+        self.running.remove(s)
+        s.num_scheduled_tokens = 0
+        s.num_preemptions += 1
+        self.num_preemptions += 1
+        self.events.preempted.append(s)
+        keep = -(-s.num_computed_tokens // self.block_size)  # blocks holding computed KV
+        cpu = self.cpu_allocator
+        if self.config.preemption == "swap" and keep > 0 and cpu is not None and cpu.can_allocate(keep):
+            cpu_blocks = cpu.allocate(keep)
+            self.swapper.swap_out(list(zip(s.block_table[:keep], cpu_blocks)))
+            self.allocator.free(s.block_table)
+            s.block_table = []
+            s.cpu_block_table = cpu_blocks
+            s.status = SequenceStatus.SWAPPED
+            self.events.blocks_swapped_out += keep
+            bisect.insort(self.swapped, s, key=_key)
+        else:  # recompute (or the CPU pool is full): forget the KV, prefill everything again later
+            self.allocator.free(s.block_table)
+            s.block_table = []
+            s.num_computed_tokens = 0
+            s.status = SequenceStatus.WAITING
+            bisect.insort(self.waiting, s, key=_key)  # its early arrival puts it at the front
+
+    def _swap_in(self, s: Sequence, need: int) -> None:
+        blocks = self.allocator.allocate(need)
+        self.swapper.swap_in(list(zip(blocks, s.cpu_block_table)))
+        self.cpu_allocator.free(s.cpu_block_table)  # type: ignore[union-attr]
+        self.events.blocks_swapped_in += len(s.cpu_block_table)
+        s.cpu_block_table = []
+        s.block_table = blocks
+
+    # -- 5. decode: the batch description and the bookkeeping after the forward pass -------------
+    def batch(self) -> SchedulerOutput:
+        """The ragged batch for the model: every running request with tokens scheduled and KV slots for them."""
+        seqs, prefill, decode = [], 0, 0
+        bs = self.block_size
+        for s in self.running:
+            q = s.num_scheduled_tokens
+            if not q:
+                continue
+            if len(s.block_table) * bs < s.num_computed_tokens + q:  # no KV slot: cannot run (wrong order)
+                self.events.tokens_without_kv += q
+                s.num_scheduled_tokens = 0
+                continue
+            seqs.append(s)
+            if q == 1 and s.num_computed_tokens == s.num_tokens - 1:
+                decode += 1
+            else:
+                prefill += q
+        self.events.free_blocks_at_decode = self.allocator.num_free
+        return SchedulerOutput(seqs, prefill, decode)
+
+    def update(self, out: SchedulerOutput, sampled: Iterable[int], now: float) -> list[Sequence]:
+        """After the forward pass: count the computed tokens and append one sampled token to each
+        request whose prefill is complete (`sampled` has one id per such request, in batch order)."""
+        eos, max_len = self.config.eos_token_ids, self.config.max_model_len
+        it = iter(sampled)
+        touched = []
+        for s in out.seqs:
+            s.num_computed_tokens += s.num_scheduled_tokens
+            s.num_scheduled_tokens = 0
+            if s.num_computed_tokens < s.num_tokens:
+                continue  # a prefill chunk: nothing to sample yet
+            token = next(it)
+            if s.finish_reason is not None:  # decoding a request that had already finished: wasted work
+                self.events.wasted_tokens += 1
+                continue
+            s.token_ids.append(token)
+            s.token_times.append(now)
+            if s.first_token_time is None:
+                s.first_token_time = now
+            reason = check_stop(s, eos, max_len)
+            if reason is not None:
+                s.finish_reason = reason
+                s.finish_time = now
+            touched.append(s)
+        return touched
+
+    def sampling_mask(self, out: SchedulerOutput) -> list[bool]:
+        """Which requests of the batch sample a token this step (their prefill completes)."""
+        return [s.num_computed_tokens + s.num_scheduled_tokens == s.num_tokens for s in out.seqs]
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _release(self, s: Sequence) -> None:
+        if s.block_table:
+            self.allocator.free(s.block_table)
+            s.block_table = []
+        if s.cpu_block_table and self.cpu_allocator is not None:
+            self.cpu_allocator.free(s.cpu_block_table)
+            s.cpu_block_table = []
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the books don't balance (the engine's debug mode calls this every step)."""
+        bs = self.block_size
+        owners: dict[int, int] = {}
+        queues = {"waiting": self.waiting, "running": self.running, "swapped": self.swapped}
+        seen: set[int] = set()
+        for name, queue in queues.items():
+            for s in queue:
+                assert id(s) not in seen, f"request {s.request_id} is in two queues"
+                seen.add(id(s))
+                assert s.finish_reason is None or name == "running", f"finished request {s.request_id} still {name}"
+        for s in self.running:
+            assert s.status is SequenceStatus.RUNNING, f"{s.request_id}: running queue but status {s.status}"
+            want = -(-s.num_computed_tokens // bs)
+            assert len(s.block_table) == want, (f"request {s.request_id} holds {len(s.block_table)} blocks but its "
+                                                f"{s.num_computed_tokens} computed tokens need {want}")
+            for b in s.block_table:
+                owners[b] = owners.get(b, 0) + 1
+        for s in self.waiting:
+            assert s.status is SequenceStatus.WAITING and not s.block_table and s.num_computed_tokens == 0, \
+                f"waiting request {s.request_id} holds blocks or computed tokens"
+        for s in self.swapped:
+            assert s.status is SequenceStatus.SWAPPED and not s.block_table, f"swapped {s.request_id} holds device blocks"
+            assert len(s.cpu_block_table) == -(-s.num_computed_tokens // bs), f"swapped {s.request_id}: wrong CPU blocks"
+        for b, n in owners.items():
+            assert self.allocator.ref_count(b) == n, f"block {b} owned {n} times, ref count {self.allocator.ref_count(b)}"
+        assert self.allocator.num_free + len(owners) == self.allocator.num_blocks, (
+            f"free ({self.allocator.num_free}) + owned ({len(owners)}) != total ({self.allocator.num_blocks}): blocks leaked")
+        if self.cpu_allocator is not None:
+            cpu_owned = sum(len(s.cpu_block_table) for s in self.swapped)
+            assert self.cpu_allocator.num_used == cpu_owned, "CPU pool blocks leaked"
+
+
+def _key(s: Sequence):
+    return s.sort_key

@@ -1,0 +1,95 @@
+"""The state of one request as it moves through the engine (vLLM's `Sequence`, simplified).
+
+A request's tokens are `token_ids` = prompt + generated so far. `num_computed_tokens` of them
+have their keys and values in the KV cache; the rest must go through the model. So one rule
+covers prefill, chunked prefill, decode and recompute after preemption: the next forward pass
+computes tokens `num_computed_tokens .. num_tokens - 1`, and when it reaches the end, the logits
+of the last one give the next token.
+"""
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .sampling import SamplingParams
+
+__all__ = ["SequenceStatus", "Sequence", "check_stop"]
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"    # queued: no KV blocks (new, or preempted by recompute)
+    RUNNING = "running"    # holds KV blocks on the device, is in the batch
+    SWAPPED = "swapped"    # preempted by swap: its KV blocks sit in the CPU pool
+    FINISHED = "finished"  # done (stop, length or aborted); blocks returned
+
+
+class Sequence:
+    """One request: its tokens, how many are in the KV cache, its block table, its clock."""
+
+    __slots__ = ("request_id", "prompt_token_ids", "token_ids", "num_prompt_tokens", "params", "arrival_time",
+                 "status", "num_computed_tokens", "num_scheduled_tokens", "block_table", "cpu_block_table",
+                 "generator", "first_token_time", "token_times", "finish_time", "finish_reason", "seq_no",
+                 "num_preemptions", "sort_key")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams", arrival_time: float,
+                 seq_no: int = 0, generator: "torch.Generator | None" = None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)  # grows by one per generated token
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.params = params
+        self.arrival_time = arrival_time
+        self.seq_no = seq_no  # submission order: breaks arrival-time ties deterministically
+        self.sort_key = (params.priority, arrival_time, seq_no)  # lower = served first
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0   # tokens whose K/V are in the cache
+        self.num_scheduled_tokens = 0  # tokens this step's forward pass will compute
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []  # where its KV waits while SWAPPED
+        self.generator = generator
+        self.first_token_time: float | None = None
+        self.token_times: list[float] = []
+        self.finish_time: float | None = None
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"; set when the last token is sampled
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Generated tokens only."""
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def in_prefill(self) -> bool:
+        """More than one token still to compute: the prompt (or a recompute) is not done yet."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens} "
+                f"(prompt {self.num_prompt_tokens}), computed={self.num_computed_tokens}, "
+                f"blocks={self.block_table})")
+
+
+def check_stop(seq: Sequence, eos_token_ids: frozenset[int] | set[int], max_model_len: int) -> str | None:
+    """Why `seq` must stop after its newest token — "stop" (EOS or a stop token) or "length" — or None."""
+    last = seq.token_ids[-1]
+    p = seq.params
+    if (not p.ignore_eos and last in eos_token_ids) or last in p.stop_token_ids:
+        return "stop"
+    if seq.num_tokens - seq.num_prompt_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
+        return "length"
+    return None
