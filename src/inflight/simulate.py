@@ -1,6 +1,6 @@
 """Run a scheduler over a workload, record who ran where at each step, and measure it.
 
-Any object with `add_request(request_id, num_tokens, memory_cost)` and `step() -> list` works
+Any object with `add_request(request_id, num_tokens[, memory_cost])` and `step() -> list` works
 (the package's schedulers, a learner's, a skip-ahead variant). Requests are handed to the scheduler
 at their arrival step, before that step runs. Each processed request is pinned to one slot for
 its whole life (the lowest free slot when it first runs), so Gantt charts read well.
@@ -147,7 +147,9 @@ def simulate(scheduler: Any, workload: Sequence[Request], *, num_slots: int | No
     while remaining and t < max_steps:
         while nxt < len(pending) and pending[nxt].arrival <= t:
             r = pending[nxt]
-            scheduler.add_request(r.id, r.output_len, r.memory_cost)
+            # memory_cost only when it matters, so slot-only schedulers (add_request(id, n)) work too
+            args = (r.id, r.output_len) if r.memory_cost == 1 else (r.id, r.output_len, r.memory_cost)
+            scheduler.add_request(*args)
             nxt, arrived_unstarted = nxt + 1, arrived_unstarted + 1
         ran = scheduler.step()
         if not ran and nxt == len(pending) and not any(s.first_step is not None and not s.finished
