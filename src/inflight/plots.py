@@ -111,7 +111,7 @@ def animate_side_by_side(results: dict[str, SimResult], *, frames: int = 40, int
     """An animation revealing two (or more) schedules step by step on a shared time axis."""
     rs = list(results.values())
     xmax = max(r.steps for r in rs)
-    fig, axes = plt.subplots(len(rs), 1, figsize=(9, 1.4 + 0.9 * sum(0.35 * r.num_slots + 0.6 for r in rs)),
+    fig, axes = plt.subplots(len(rs), 1, figsize=(9, 0.8 + sum(0.22 * r.num_slots + 0.6 for r in rs)),
                              dpi=dpi, sharex=True, squeeze=False)
     axes = axes[:, 0]
     curtains, texts = [], []
