@@ -1,0 +1,185 @@
+"""Train the shipped tiny model: `python -m inflight.train_tiny`.
+
+Corpus: the Python standard library's own source, on every machine offline, split into functions
+(each function one document ending with end-of-text) — so completions have naturally varied,
+long-tailed lengths. Byte-level tokens, a ~3M-parameter Llama, seeded; writes `config.json` +
+`model.safetensors` (Hugging Face Llama format) and `train_report.json` to `inflight/assets/`.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import random
+import sys
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .model import LlamaConfig, LlamaModel
+from .tokenizer import ByteTokenizer
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "__pycache__"}
+SAMPLE_PROMPTS = ["def fibonacci(n):\n", "def is_prime(n):\n", "def read_lines(path):\n"]
+
+
+def tiny_config() -> LlamaConfig:
+    """The shipped model's shape: 4 layers, hidden 256, 4 query heads sharing 2 KV heads, 512 context."""
+    return LlamaConfig(vocab_size=257, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
+                       rms_norm_eps=1e-5, max_position_embeddings=512, tie_word_embeddings=False,
+                       bos_token_id=256, eos_token_id=256)
+
+
+def stdlib_functions(root: str | None = None, max_chars: int = 4000) -> list[str]:
+    """Source of every function in the standard library (tests and GUIs excluded), files sorted."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    docs: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if SKIP_DIRS & set(path.relative_to(root).parts[:-1]):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)  # slice lines ourselves: get_source_segment is slow
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                seg = "".join(lines[node.lineno - 1: node.end_lineno])
+                if seg and len(seg) <= max_chars:
+                    docs.append(textwrap.dedent(seg).strip() + "\n")
+    return docs
+
+
+def build_corpus(seed: int, val_fraction: float = 0.02) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Token streams (train, val): functions shuffled with `seed`, each followed by end-of-text."""
+    tok = ByteTokenizer()
+    docs = stdlib_functions()
+    random.Random(seed).shuffle(docs)
+    n_val = max(1, int(len(docs) * val_fraction))
+
+    def stream(ds: list[str]) -> torch.Tensor:
+        ids: list[int] = []
+        for d in ds:
+            ids.extend(tok.encode(d, add_eos=True))
+        return torch.tensor(ids, dtype=torch.int16 if max(ids) < 2**15 else torch.int32)
+
+    return stream(docs[n_val:]), stream(docs[:n_val]), len(docs)
+
+
+def batches(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
+    """Random windows of `seq_len + 1` tokens (input and next-token target), forever."""
+    while True:
+        starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=gen)
+        x = torch.stack([data[s: s + seq_len + 1] for s in starts.tolist()]).long()
+        yield x[:, :-1], x[:, 1:]
+
+
+@torch.no_grad()
+def evaluate(model: LlamaModel, data: torch.Tensor, seq_len: int, n_batches: int = 8, batch_size: int = 16) -> float:
+    gen = torch.Generator().manual_seed(1234)
+    it = batches(data, batch_size, seq_len, gen)
+    losses = []
+    for _ in range(n_batches):
+        x, y = next(it)
+        losses.append(F.cross_entropy(model.forward_dense(x).flatten(0, 1), y.flatten()).item())
+    return sum(losses) / len(losses)
+
+
+def save(model: LlamaModel, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_hf()
+    cfg["inflight_tokenizer"] = "bytes"  # tells load_tiny / load_tokenizer to use ByteTokenizer
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(model.hf_state_dict(), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from tqdm.auto import tqdm
+
+    from .generate import generate
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="stop early after this much training time (the report records the steps done)")
+    ap.add_argument("--out", type=Path, default=ASSETS)
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t0 = time.time()
+    train, val, n_docs = build_corpus(args.seed)
+    print(f"corpus: {n_docs} stdlib functions, {len(train):,} train / {len(val):,} val bytes "
+          f"({time.time() - t0:.1f}s)")
+    model = LlamaModel(tiny_config())
+    print(f"model: {model.num_parameters() / 1e6:.2f}M parameters")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    warmup = max(1, args.steps // 20)
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < warmup:
+            return args.lr * (step + 1) / warmup
+        frac = (step - warmup) / max(1, args.steps - warmup)
+        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    it = batches(train, args.batch_size, args.seq_len, torch.Generator().manual_seed(args.seed))
+    t_train = time.time()
+    bar = tqdm(range(args.steps), desc="training", mininterval=5, file=sys.stdout)
+    ema = None
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        x, y = next(it)
+        loss = F.cross_entropy(model.forward_dense(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{ema:.3f}")
+        steps_done = step + 1
+        if args.max_minutes is not None and time.time() - t_train > 60 * args.max_minutes:
+            break
+    train_seconds = time.time() - t_train
+    model.eval()
+    train_loss, val_loss = evaluate(model, train, args.seq_len), evaluate(model, val, args.seq_len)
+    tok = ByteTokenizer()
+    outs = generate(model, [tok.encode(p) for p in SAMPLE_PROMPTS], max_new_tokens=300)
+    samples = {p: tok.decode(o) for p, o in zip(SAMPLE_PROMPTS, outs)}
+    save(model, args.out)
+    report = {
+        "steps": steps_done, "scheduled_steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+        "seed": args.seed, "threads": args.threads, "parameters": model.num_parameters(),
+        "documents": n_docs, "train_tokens_seen": steps_done * args.batch_size * args.seq_len,
+        "train_seconds": round(train_seconds, 1), "tokens_per_second": round(steps_done * args.batch_size * args.seq_len / train_seconds),
+        "train_loss": round(train_loss, 4), "val_loss": round(val_loss, 4),
+        "val_bits_per_byte": round(val_loss / math.log(2), 4),
+        "samples": samples, "python": sys.version.split()[0], "torch": torch.__version__,
+    }
+    (args.out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"trained {steps_done} steps in {train_seconds / 60:.1f} min "
+          f"({report['tokens_per_second']:,} tokens/s); train loss {train_loss:.3f}, val loss {val_loss:.3f} "
+          f"({report['val_bits_per_byte']:.2f} bits/byte)")
+    for p, s in samples.items():
+        print("----- sample -----\n" + p + s)
+    return report
+
+
+if __name__ == "__main__":
+    main()
