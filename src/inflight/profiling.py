@@ -1,0 +1,215 @@
+"""Small measuring tools for "where does the time go": section timers, a model-forward timer,
+peak-memory tracking, the device's matmul and memory-bandwidth limits, and profiler summaries.
+
+Everything here works on CPU and CUDA; on CUDA the timers synchronise so a time belongs to the
+section that launched the work (which slightly slows an asynchronous pipeline — a measurement cost).
+"""
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable, Iterator
+
+import torch
+
+__all__ = ["SectionTimer", "ForwardTimer", "PeakMemory", "rss_bytes", "measure_matmul_flops",
+           "measure_memory_bandwidth", "model_flops_per_token", "cprofile_summary", "torch_profile_summary",
+           "sync"]
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for queued GPU work so wall-clock times are real (a no-op on CPU)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class SectionTimer:
+    """Accumulates wall time per named section: `with t.section("prep"): ...`; `t.totals` in seconds."""
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = device
+        self.totals: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        sync(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            sync(self.device)
+            self.totals[name] += time.perf_counter() - start
+            self.counts[name] += 1
+
+    def shares(self) -> dict[str, float]:
+        """Each section's fraction of the timed total."""
+        total = sum(self.totals.values())
+        return {k: v / total for k, v in self.totals.items()} if total else {}
+
+
+class ForwardTimer:
+    """Times every call of `model.forward` (wrapped on the instance, restored on exit), so a benchmark
+    can split a run into "inside the model" and "everything else" (scheduling, input prep, sampling)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.seconds = 0.0
+        self.calls = 0
+        self.tokens = 0  # input tokens fed to forward (prefill + decode)
+        self._orig: Any = None
+
+    def __enter__(self) -> "ForwardTimer":
+        orig = self.model.forward  # a bound method; instance attribute shadows the class method
+        device = getattr(self.model, "device", None)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            sync(device)
+            start = time.perf_counter()
+            out = orig(*args, **kwargs)
+            sync(device)
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+            ids = args[0] if args else kwargs.get("input_ids")
+            if isinstance(ids, torch.Tensor):
+                self.tokens += ids.numel()
+            return out
+
+        self._orig = self.model.__dict__.get("forward")
+        self.model.forward = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._orig is None:
+            del self.model.forward
+        else:
+            self.model.forward = self._orig
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (bytes)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class PeakMemory:
+    """Peak memory used while the block runs, above what was in use when it started.
+
+    CUDA: `torch.cuda.max_memory_allocated` (exact). CPU: resident memory sampled every
+    `interval` seconds by a thread (so a spike shorter than that can be missed)."""
+
+    def __init__(self, device: torch.device | str = "cpu", interval: float = 0.005):
+        self.device = torch.device(device)
+        self.interval = interval
+        self.peak_bytes = 0
+        self.start_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
+        else:
+            self.start_bytes = rss_bytes()
+            self._peak = self.start_bytes
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._peak = max(self._peak, rss_bytes())
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self.start_bytes
+        else:
+            self._stop.set()
+            assert self._thread is not None
+            self._thread.join()
+            self.peak_bytes = max(self._peak, rss_bytes()) - self.start_bytes
+
+
+def _best_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_seconds: float) -> float:
+    fn()  # warm up (allocations, kernel selection)
+    sync(device)
+    best, spent = float("inf"), 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        dt = time.perf_counter() - start
+        best, spent = min(best, dt), spent + dt
+        if spent > min_seconds and _ >= 2:
+            break
+    return best
+
+
+def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                         n: int | None = None, repeats: int = 10, min_seconds: float = 0.5) -> float:
+    """Best measured matmul rate (FLOP/s) of an n×n by n×n product: the device's practical compute roof."""
+    device = torch.device(device)
+    n = n or (4096 if device.type == "cuda" else 1024)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = _best_time(lambda: a @ b, device, repeats, min_seconds)
+    return 2 * n**3 / t
+
+
+def measure_memory_bandwidth(device: torch.device | str = "cpu", nbytes: int | None = None, repeats: int = 10,
+                             min_seconds: float = 0.5) -> float:
+    """Best measured copy rate (bytes read + written per second) of a buffer much larger than the caches."""
+    device = torch.device(device)
+    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 1 << 27)
+    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    t = _best_time(lambda: dst.copy_(src), device, repeats, min_seconds)
+    return 2 * nbytes / t
+
+
+def model_flops_per_token(config: Any, context_len: float = 0.0) -> float:
+    """Forward FLOPs for one token: 2 per weight of every matmul the token passes through (LM head
+    included, embedding lookup excluded), plus attention's QK^T and PV over `context_len` keys."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    d = config.head_dim or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size
+    matmul = layers * per_layer + h * config.vocab_size
+    attention = layers * 2 * q * context_len  # QK^T and PV: 2 FLOPs × heads·head_dim × keys, twice
+    return 2.0 * matmul + 2.0 * attention
+
+
+def cprofile_summary(fn: Callable[[], Any], top: int = 15, sort: str = "tottime") -> tuple[Any, str]:
+    """Run `fn` under cProfile; return its result and a text table of the `top` functions by `sort`."""
+    prof = cProfile.Profile()
+    result = prof.runcall(fn)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(sort).print_stats(top)
+    return result, buf.getvalue()
+
+
+def torch_profile_summary(fn: Callable[[], Any], top: int = 15, device: torch.device | str = "cpu") -> tuple[Any, str]:
+    """Run `fn` under torch.profiler; return its result and a table of the `top` ops by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        result = fn()
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return result, prof.key_averages().table(sort_by=key, row_limit=top)
