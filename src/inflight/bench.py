@@ -83,7 +83,7 @@ class Workload:
 
 def _prompt_ids(rng: random.Random, n: int, vocab_size: int) -> list[int]:
     # byte-level vocabularies: printable ASCII keeps the prompts text-like; else any id
-    lo, hi = (32, 127) if vocab_size <= 300 else (0, vocab_size)
+    lo, hi = (32, 127) if 127 <= vocab_size <= 300 else (0, vocab_size)
     return [rng.randrange(lo, hi) for _ in range(n)]
 
 
@@ -786,8 +786,10 @@ def _targets(results: dict[str, Any], batch_size: int) -> dict[str, Any]:
     return t
 
 
-def run_benchmark(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every requested workload × mode; return the results dict that `--out` saves as JSON."""
+def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every requested workload × mode; return the results dict that `--out` saves as JSON.
+    `model` (an inflight LlamaModel) overrides `cfg.model`, e.g. one a notebook already loaded."""
     from tqdm.auto import tqdm
 
     if cfg.threads:
@@ -796,7 +798,10 @@ def run_benchmark(cfg: BenchConfig, progress: bool = True, log: Callable[[str], 
     if bad:
         raise ValueError(f"unknown mode(s) {bad}; choose from {MODES}")
     torch.manual_seed(cfg.seed)
-    model, model_desc = load_model(cfg)
+    if model is None:
+        model, model_desc = load_model(cfg)
+    else:
+        model_desc = getattr(model, "name_or_path", None) or f"{type(model).__name__} passed in"
     mcfg = model.config
     max_ctx = mcfg.max_position_embeddings
     ctx_needed = cfg.prompt_range[1] + cfg.output_cap
