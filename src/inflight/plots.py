@@ -54,7 +54,7 @@ def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels
                         ax.broken_barh([(start + s2, l2)], (slot - 0.4, 0.8), color=IDLE, lw=0)
             else:
                 ax.broken_barh([(start, length)], (slot - 0.4, 0.8), color=colors[rid], edgecolor="white", lw=0.5)
-                if labels and length >= max(2, steps / 40):
+                if labels and length >= max(1, steps / 40):
                     ax.text(start + length / 2, slot, str(rid), ha="center", va="center", fontsize=8)
     ax.set_xlim(0, xmax or max(steps, 1))
     ax.set_ylim(result.num_slots - 0.5, -0.5)
