@@ -24,6 +24,7 @@ CONFIGS = [
     ("gqa8-bs8-fp16-d48", 8, 16, 2, 48, [130, 2, 31], "float16"),
     ("gqa3-bs32-fp32", 32, 6, 2, 32, [200, 63], "float32"),
     ("empty-context", 16, 4, 2, 32, [0, 20], "float32"),
+    ("contiguous-bs50", 50, 4, 2, 32, [50, 7, 33], "float32"),  # a contiguous cache: one block of max length
 ]
 TOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 

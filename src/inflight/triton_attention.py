@@ -54,7 +54,8 @@ if HAS_TRITON:
         stride_os, stride_oh,
         stride_bts,
         qk_scale,  # softmax scale * log2(e): the kernel works in base 2
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        block_size,  # a runtime int: a contiguous cache (block = max length) needs no recompile per length
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
     ):
         seq = tl.program_id(0)
@@ -79,8 +80,8 @@ if HAS_TRITON:
             pos = start + n
             valid = pos < ctx
             # the block table turns a logical position into a physical block; one lookup per token
-            block = tl.load(BT + seq * stride_bts + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-            offset = pos % BLOCK_SIZE
+            block = tl.load(BT + seq * stride_bts + pos // block_size, mask=valid, other=0).to(tl.int64)
+            offset = pos % block_size
             kv_mask = valid[:, None] & d_mask[None, :]
             k = tl.load(K + block[:, None] * stride_kb + offset[:, None] * stride_kt + kvh * stride_kh + d[None, :],
                         mask=kv_mask, other=0.0)
@@ -139,8 +140,6 @@ def paged_decode_attention(
         raise ValueError(f"head_dim differs: q has {D}, the cache has {d_cache}")
     if H % kv_heads:
         raise ValueError(f"num_heads ({H}) must be a multiple of kv_heads ({kv_heads}) for GQA")
-    if block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
     if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"q, k_cache, v_cache must share one dtype of {_DTYPES}, got "
                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
@@ -186,7 +185,8 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         block_tables.stride(0),
         float(scale) * 1.4426950408889634,
-        GROUP=group, HEAD_DIM=D, BLOCK_SIZE=block_size,
+        block_size,
+        GROUP=group, HEAD_DIM=D,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, DOT_FP32=dot_fp32,
     )
     return out
