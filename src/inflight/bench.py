@@ -734,25 +734,17 @@ def _versions() -> dict[str, str]:
 
 
 def _attention_section(quick: bool) -> dict[str, Any]:
+    """The paged-KV chapter's figures (`inflight.bench_attention.collect`), when that module is here."""
     try:
         from . import bench_attention
     except Exception as exc:
         return {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"}
-    for name in ("run_benchmark", "run", "benchmark"):
-        fn = getattr(bench_attention, name, None)
-        if callable(fn):
-            try:
-                res = fn(quick=quick)
-                return {"status": "ok", "results": json.loads(json.dumps(res, default=str))}
-            except TypeError:
-                try:
-                    res = fn()
-                    return {"status": "ok", "results": json.loads(json.dumps(res, default=str))}
-                except Exception as exc:
-                    return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-            except Exception as exc:
-                return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-    return {"status": "unavailable", "error": "inflight.bench_attention has no run_benchmark()"}
+    try:
+        res = bench_attention.collect(quick=quick)
+        text = bench_attention.report(res)
+    except Exception as exc:
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    return {"status": "ok", "results": json.loads(json.dumps(res, default=str)), "report": text}
 
 
 def _targets(results: dict[str, Any], batch_size: int) -> dict[str, Any]:
@@ -1004,7 +996,10 @@ def format_report(results: dict[str, Any]) -> str:
             out.append(f"  {MODE_TITLES.get(m, m):30} batch {r['batch']:5.1f}: roof {r['roof_tokens_per_s']:8.0f} "
                        f"tok/s, achieved {_f(frac, '.1%')}")
     att = results.get("attention_bench", {})
-    out += ["", f"attention kernel bench: {att.get('status')}" + (f" ({att.get('error')})" if att.get("error") else "")]
+    out += ["", f"attention bench (inflight.bench_attention): {att.get('status')}"
+                + (f" ({att.get('error')})" if att.get("error") else "")]
+    if att.get("report"):
+        out.append(att["report"])
     out += ["", "targets:"]
     for k, v in results.get("targets", {}).items():
         out.append(f"  {k}: {json.dumps(v, default=lambda x: round(x, 3) if isinstance(x, float) else str(x))}")
