@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+_INTERPRET_AT_IMPORT = os.environ.get("TRITON_INTERPRET")
+
 # (name, block_size, num_heads, kv_heads, head_dim, context_lens, dtype)
 CONFIGS = [
     ("mha-bs8-fp32", 8, 4, 4, 32, [1, 8, 9, 57], "float32"),
@@ -115,6 +117,7 @@ def _run_checks() -> dict:
     rows = kernel_benchmark(batches=(2,), contexts=(40,), num_heads=4, kv_heads=2, head_dim=16, dtype="float32",
                             device=device, repeats=1)
     report["bench_rows"] = rows
+    report["bad_inputs"] = _bad_input_errors(device)
     return report
 
 
@@ -168,28 +171,45 @@ def test_benchmark_code_path_runs(report):
     assert row.get("torch_paged_ms") is None or row["torch_paged_ms"] > 0
 
 
-def test_interpreter_did_not_leak_into_this_process():
-    assert os.environ.get("TRITON_INTERPRET") != "1" or "PYTEST_XDIST_WORKER" in os.environ
+def test_interpreter_did_not_leak_into_this_process(report):
+    assert report["device"] in ("cpu", "cuda")
+    assert os.environ.get("TRITON_INTERPRET") == _INTERPRET_AT_IMPORT, "the child's setting leaked into pytest"
 
 
-def test_bad_inputs_are_named():
-    pytest.importorskip("triton")
+def _bad_input_errors(device: str) -> dict:
+    """Executed in the child: the error each malformed call raises (type name and message)."""
     import torch
 
     from inflight.triton_attention import paged_decode_attention
 
-    q = torch.randn(2, 6, 32)
-    kc = torch.randn(4, 16, 4, 32)
-    bt = torch.zeros(2, 2, dtype=torch.int32)
-    cl = torch.ones(2, dtype=torch.int32)
-    with pytest.raises(ValueError, match="multiple of kv_heads"):
-        paged_decode_attention(q, kc, kc, bt, cl)
-    with pytest.raises(TypeError, match="int32"):
-        paged_decode_attention(torch.randn(2, 8, 32), kc, kc, bt.long(), cl)
-    with pytest.raises(ValueError, match="head_dim"):
-        paged_decode_attention(torch.randn(2, 8, 16), kc, kc, bt, cl)
-    with pytest.raises(TypeError, match="dtype"):
-        paged_decode_attention(torch.randn(2, 8, 32).half(), kc, kc, bt, cl)
+    kc = torch.randn(4, 16, 4, 32, device=device)
+    bt = torch.zeros(2, 2, dtype=torch.int32, device=device)
+    cl = torch.ones(2, dtype=torch.int32, device=device)
+    calls = {
+        "gqa": (torch.randn(2, 6, 32, device=device), kc, kc, bt, cl),
+        "int32": (torch.randn(2, 8, 32, device=device), kc, kc, bt.long(), cl),
+        "head_dim": (torch.randn(2, 8, 16, device=device), kc, kc, bt, cl),
+        "dtype": (torch.randn(2, 8, 32, device=device).half(), kc, kc, bt, cl),
+    }
+    out = {}
+    for name, args in calls.items():
+        try:
+            paged_decode_attention(*args)
+            out[name] = ["no error", ""]
+        except Exception as exc:
+            out[name] = [type(exc).__name__, str(exc)]
+    return out
+
+
+@pytest.mark.parametrize("name,error,words", [
+    ("gqa", "ValueError", "multiple of kv_heads"),
+    ("int32", "TypeError", "int32"),
+    ("head_dim", "ValueError", "head_dim"),
+    ("dtype", "TypeError", "dtype"),
+])
+def test_bad_inputs_are_named(report, name, error, words):
+    got_error, message = report["bad_inputs"][name]
+    assert got_error == error and words in message, (got_error, message)
 
 
 if __name__ == "__main__":
