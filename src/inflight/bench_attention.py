@@ -124,7 +124,11 @@ def kernel_benchmark(batches: Sequence[int] = (32, 64, 128), contexts: Sequence[
             q4 = q.unsqueeze(2)  # [B, H, 1, D]
 
             def sdpa():
-                return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+                try:  # torch >= 2.5 reads each kv head once for its whole query group
+                    return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+                except TypeError:  # older torch: repeat the kv heads (more traffic; noted in the row)
+                    g = num_heads // kv_heads
+                    return F.scaled_dot_product_attention(q4, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), scale=scale)
 
             def triton_kernel():
                 return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
