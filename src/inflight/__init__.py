@@ -15,6 +15,7 @@ _EXPORTS = {
     "StaticBatchScheduler": "schedulers",
     "ContinuousBatchScheduler": "schedulers",
     "BlockAllocator": "blocks",
+    "NoFreeBlocksError": "blocks",
     "load_pretrained": "loading",
     "load_tiny": "loading",
     "LlamaConfig": "model",
