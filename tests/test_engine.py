@@ -80,7 +80,7 @@ def test_tiny_token_budget_without_chunking_still_runs_long_prompt_alone(model):
 
 def test_matches_transformers_generate(tmp_path):
     transformers = pytest.importorskip("transformers")
-    load_pretrained = pytest.importorskip("inflight.loading").load_pretrained  # TODO: plain import once it lands
+    from inflight.loading import load_pretrained
 
     torch.manual_seed(3)
     hf_cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -106,7 +106,12 @@ def test_matches_transformers_generate(tmp_path):
 
 
 def test_tiny_model_batched_equals_alone():
-    model, tok = pytest.importorskip("inflight.loading").load_tiny()  # TODO: plain import once it lands
+    from inflight.loading import load_tiny
+
+    try:
+        model, tok = load_tiny()
+    except FileNotFoundError:  # TODO: drop once the tiny model's weights are committed
+        pytest.skip("the shipped tiny model is not there yet")
     texts = ["Once upon a time", "The cat", "In the beginning the", "A", "Hello, world. Hello"]
     sp = SamplingParams(max_tokens=20)
     alone = [LLMEngine(model, tokenizer=tok, block_size=8, num_blocks=32, debug=True).generate([t], sp, use_tqdm=False)[0]

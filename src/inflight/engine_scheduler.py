@@ -323,9 +323,12 @@ class Scheduler:
             q = s.num_scheduled_tokens
             if not q:
                 continue
-            if len(s.block_table) * bs < s.num_computed_tokens + q:  # no KV slot: cannot run (wrong order)
+            if q > 1 or s.num_computed_tokens + q > s.num_tokens:  # (a stale plan can't compute beyond the end)
+                q = s.num_scheduled_tokens = min(q, s.num_tokens - s.num_computed_tokens)
+                if q <= 0:
+                    continue
+            if len(s.block_table) * bs < s.num_computed_tokens + q:  # no KV slot yet: it can't run this step
                 self.events.tokens_without_kv += q
-                s.num_scheduled_tokens = 0
                 continue
             seqs.append(s)
             if q == 1 and s.num_computed_tokens == s.num_tokens - 1:
@@ -341,9 +344,8 @@ class Scheduler:
         eos, max_len = self.config.eos_token_ids, self.config.max_model_len
         it = iter(sampled)
         touched = []
-        for s in out.seqs:
+        for s in out.seqs:  # (the plan, num_scheduled_tokens, stays until the next budget replaces it)
             s.num_computed_tokens += s.num_scheduled_tokens
-            s.num_scheduled_tokens = 0
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
             token = next(it)

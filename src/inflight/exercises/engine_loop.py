@@ -1,0 +1,335 @@
+"""Grader for chapter 6: put the engine's five steps in order.
+
+The learner writes `step(engine)` calling `engine.reap()`, `engine.budget()`, `engine.admit()`,
+`engine.preempt()` and `engine.decode()` (or gives the order as a list of those names). The grader
+RUNS that order in `SimEngine` — the engine's real scheduler over a simulated KV pool, with a
+model that just emits tokens — and compares what it measures with the right order: requests
+admitted, blocks left idle while requests waited, tokens wasted on finished requests, tokens with
+no KV slot, preemptions, time to first token. A wrong order is explained from those numbers.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..blocks import BlockAllocator
+from ..engine_scheduler import STEP_ORDER, Scheduler, SchedulerConfig
+from ..sampling import SamplingParams
+from ..sequence import Sequence as Seq
+from .grading import Case, GradeResult, Mistake, grade
+
+__all__ = ["SimEngine", "Request", "reference_step", "step_from_order", "measure_order", "check_engine_loop",
+           "MISTAKE_ORDERS", "WORKLOADS"]
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_len: int
+    max_tokens: int
+    arrival_step: int = 0
+
+
+class SimEngine:
+    """The engine's scheduler over a simulated KV pool: same five steps, no tensors, no model.
+
+    `decode()` "runs" the batch: every scheduled token counts as computed and each request whose
+    prefill is complete gets one token. Steps are the clock (TTFT is measured in steps)."""
+
+    def __init__(self, requests: Sequence[Request], num_blocks: int, block_size: int = 4, max_batch_size: int = 4,
+                 max_batched_tokens: int = 64, enable_chunked_prefill: bool = True, preemption: str = "recompute",
+                 watermark_blocks: int = 0):
+        cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
+                              enable_chunked_prefill=enable_chunked_prefill, preemption=preemption,
+                              watermark_blocks=watermark_blocks, max_model_len=10**6)
+        cpu = BlockAllocator(num_blocks, block_size) if preemption == "swap" else None
+        self.scheduler = Scheduler(BlockAllocator(num_blocks, block_size), cfg, cpu)
+        self.pending = sorted(enumerate(requests), key=lambda ir: (ir[1].arrival_step, ir[0]))
+        self.seqs: list[Seq] = []
+        self.step_no = 0
+        self.log: list[dict] = []
+        self.calls: list[str] = []
+        self.overcommitted = 0
+
+    # the five steps, as the learner calls them
+    def reap(self):
+        self.calls.append("reap")
+        return self.scheduler.reap()
+
+    def budget(self):
+        self.calls.append("budget")
+        return self.scheduler.budget()
+
+    def admit(self):
+        """Admit, and measure overcommitment: blocks handed out that the running requests' plan needed."""
+        self.calls.append("admit")
+        sched = self.scheduler
+        bs = sched.block_size
+        promised = sum(max(0, -(-(s.num_computed_tokens + s.num_scheduled_tokens) // bs) - len(s.block_table))
+                       for s in sched.running if s.finish_reason is None)
+        really_free = max(0, sched.allocator.num_free - promised - sched.config.watermark_blocks)
+        before = sched.allocator.num_free
+        admitted = sched.admit()
+        self.overcommitted += max(0, (before - sched.allocator.num_free) - really_free)
+        return admitted
+
+    def preempt(self):
+        self.calls.append("preempt")
+        return self.scheduler.preempt()
+
+    def decode(self):
+        self.calls.append("decode")
+        sched = self.scheduler
+        batch = sched.batch()
+        n = sum(sched.sampling_mask(batch))
+        sched.update(batch, [1] * n, float(self.step_no))  # token 1 is never a stop token here
+        self._batch = batch
+        return batch
+
+    # the clock
+    def arrive(self) -> None:
+        while self.pending and self.pending[0][1].arrival_step <= self.step_no:
+            i, r = self.pending.pop(0)
+            seq = Seq(str(i), [1] * r.prompt_len, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
+                      arrival_time=float(self.step_no), seq_no=i)
+            self.seqs.append(seq)
+            self.scheduler.add(seq)
+
+    def run_step(self, step: Callable[["SimEngine"], Any]) -> dict:
+        """Deliver this step's arrivals, run `step(self)` once, and record what it did."""
+        self.arrive()
+        ev = self.scheduler.begin_step()
+        self._batch = None
+        self.overcommitted = 0
+        waiting_before = len(self.scheduler.waiting) + len(self.scheduler.swapped)
+        step(self)
+        b = self._batch
+        rec = {
+            "admitted": len(ev.admitted) + len(ev.swapped_in),
+            "reaped": len(ev.reaped),
+            "preempted": len(ev.preempted),
+            "batch": len(b.seqs) if b is not None else 0,
+            "tokens": b.num_tokens if b is not None else 0,
+            "wasted_tokens": ev.wasted_tokens,
+            "tokens_without_kv": ev.tokens_without_kv,
+            "overcommitted_blocks": ev.overcommitted_blocks + self.overcommitted,
+            # blocks nobody used during the forward pass although requests were waiting for memory
+            "idle_blocks": ev.free_blocks_at_decode if (b is not None and waiting_before and len(ev.admitted) == 0
+                                                        and self.scheduler.waiting) else 0,
+            "decoded": b is not None,
+        }
+        self.log.append(rec)
+        self.step_no += 1
+        return rec
+
+    def done(self) -> bool:
+        return not self.pending and not self.scheduler.has_unfinished()
+
+
+def reference_step(engine: SimEngine) -> None:
+    """The right order: reap → budget → admit → preempt → decode."""
+    engine.reap()
+    engine.budget()
+    engine.admit()
+    engine.preempt()
+    engine.decode()
+
+
+def step_from_order(order: Sequence[str]) -> Callable[[SimEngine], None]:
+    """A `step(engine)` that calls the named steps in the given order."""
+    names = [str(n).strip().lower() for n in order]
+    unknown = [n for n in names if n not in STEP_ORDER]
+    if unknown:
+        raise ValueError(f"unknown step name(s) {unknown}; the steps are {list(STEP_ORDER)}")
+
+    def step(engine: SimEngine) -> None:
+        for n in names:
+            getattr(engine, n)()
+
+    step.order = tuple(names)  # type: ignore[attr-defined]
+    return step
+
+
+# -- workloads and measurements ------------------------------------------------------------------
+def _tight_pool() -> dict:
+    """Short and long requests over a pool that holds about three of them: finishes, waits, growth."""
+    reqs = [Request(6, 3), Request(5, 9), Request(7, 4), Request(4, 12), Request(6, 2, 1), Request(5, 6, 2),
+            Request(8, 5, 3), Request(3, 8, 4), Request(6, 3, 6), Request(4, 10, 7)]
+    return dict(requests=reqs, num_blocks=10, block_size=4, max_batch_size=4, max_batched_tokens=32)
+
+
+def _growth() -> dict:
+    """Requests that all keep growing in a pool too small for all of them: preemption territory."""
+    reqs = [Request(4, 14), Request(4, 14), Request(4, 14), Request(4, 14), Request(2, 3, 2), Request(2, 3, 3)]
+    return dict(requests=reqs, num_blocks=11, block_size=4, max_batch_size=4, max_batched_tokens=32)
+
+
+def _trickle() -> dict:
+    """One request at a time arriving on an idle engine: every step of delay shows in TTFT."""
+    reqs = [Request(3, 2, 0), Request(3, 2, 4), Request(5, 3, 8)]
+    return dict(requests=reqs, num_blocks=16, block_size=4, max_batch_size=4, max_batched_tokens=32)
+
+
+WORKLOADS = {"tight pool": _tight_pool, "growing requests": _growth, "trickle": _trickle}
+
+
+def _run(step, workload: dict, max_steps: int = 200) -> SimEngine:
+    engine = SimEngine(**workload)
+    while not engine.done() and engine.step_no < max_steps:
+        engine.run_step(step)
+    return engine
+
+
+def measure_order(step, workload: str = "tight pool", max_steps: int = 200) -> dict:
+    """Run `step` over a whole workload; totals of what happened (the numbers the grader compares)."""
+    engine = _run(step, WORKLOADS[workload](), max_steps)
+    log = engine.log
+    ttft = [s.first_token_time - s.arrival_time for s in engine.seqs if s.first_token_time is not None]
+    return {
+        "finished": sum(s.finish_reason is not None for s in engine.seqs),
+        "steps": engine.step_no,
+        "deadlocked": not engine.done(),
+        "wasted_tokens": sum(r["wasted_tokens"] for r in log),
+        "tokens_without_kv": sum(r["tokens_without_kv"] for r in log),
+        "overcommitted_blocks": sum(r["overcommitted_blocks"] for r in log),
+        "preemptions": sum(r["preempted"] for r in log),
+        "idle_block_steps": sum(r["idle_blocks"] for r in log),
+        "mean_ttft_steps": round(sum(ttft) / len(ttft), 2) if ttft else None,
+        "wrong_lengths": sum(s.num_output_tokens != s.params.max_tokens for s in engine.seqs if s.finish_reason),
+    }
+
+
+def measure_one_step(step, workload: str, after: int) -> dict:
+    """Run the right order for `after` steps, then ONE step of `step`, and report what that step did."""
+    engine = SimEngine(**WORKLOADS[workload]())
+    for _ in range(after):
+        engine.run_step(reference_step)
+    snapshot = copy.deepcopy(engine)
+    rec = snapshot.run_step(step)
+    sched = snapshot.scheduler
+    rec["free_blocks_after"] = sched.allocator.num_free
+    rec["running_after"] = sorted(s.request_id for s in sched.running)
+    rec["waiting_after"] = len(sched.waiting) + len(sched.swapped)
+    return rec
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for name in WORKLOADS:
+        cases.append(Case(f"whole workload: {name}", lambda impl, n=name: measure_order(impl, n),
+                          describe=f"run your step() until every request of the '{name}' workload finishes"))
+    for name, after in _ONE_STEP_CASES:
+        cases.append(Case(f"one step: {name} after {after} steps", lambda impl, n=name, a=after: measure_one_step(impl, n, a),
+                          describe=f"{after} right steps of '{name}', then one step of yours"))
+    return cases
+
+
+# -- classic wrong orders, each explained from what it measured ----------------------------------
+# Templates are filled with numbers measured by running the wrong order: `x` on the whole 'tight
+# pool' workload, `os_x` summed over the single steps the grader runs from prepared states, and
+# `ref_...` the same for the right order.
+MISTAKE_ORDERS = {
+    "budget before reap": (("budget", "reap", "admit", "preempt", "decode"),
+                           "the budget was computed while finished requests still held their KV blocks, so admission "
+                           "saw a fuller pool than there was. Measured: from the same states it admitted {os_admitted} "
+                           "requests where reap-first admitted {ref_os_admitted}, and over the workload "
+                           "{idle_block_steps} block-steps sat idle while requests waited (reap first: "
+                           "{ref_idle_block_steps}); mean TTFT {mean_ttft_steps} vs {ref_mean_ttft_steps} steps. "
+                           "Free first, then measure."),
+    "decode first": (("decode", "reap", "budget", "admit", "preempt"),
+                     "the forward pass ran before this step's batch was built, on last step's plan. Measured: "
+                     "{os_wasted} tokens computed for requests that had already finished, {os_nokv} tokens with no "
+                     "KV slot, and every request admitted in a step waited for the next step's decode: mean TTFT "
+                     "{mean_ttft_steps} vs {ref_mean_ttft_steps} steps. Decode goes last, on the batch the other "
+                     "four steps built."),
+    "admit before budget": (("reap", "admit", "budget", "preempt", "decode"),
+                            "admission spent the previous step's budget, which no longer matched the pool: "
+                            "{overcommitted_blocks} block(s) went to new requests although running requests needed "
+                            "them, and elsewhere it under-admitted — {idle_block_steps} idle block-steps while requests "
+                            "waited (right order: {ref_idle_block_steps}), mean TTFT {mean_ttft_steps} vs "
+                            "{ref_mean_ttft_steps} steps. Measure the budget right before you spend it."),
+    "preempt before reap": (("preempt", "reap", "budget", "admit", "decode"),
+                            "preemption ran before reap and budget, on a stale plan that still gave finished requests a "
+                            "next token: it reserved blocks for requests that were done and evicted live ones to find "
+                            "them — {preemptions} preemptions on the workload vs {ref_preemptions} in the right order "
+                            "({g_preemptions} vs {ref_g_preemptions} on the growing-requests workload)."),
+    "decode before preempt": (("reap", "budget", "admit", "decode", "preempt"),
+                              "the forward pass ran before the running requests were given blocks for their new tokens: "
+                              "{os_nokv} scheduled tokens found no KV slot in the steps measured (a real engine would "
+                              "write into another request's cache or crash), and allocating after decode reserves "
+                              "blocks a step early: {preemptions} preemptions vs {ref_preemptions}."),
+    "admit after decode": (("reap", "budget", "preempt", "decode", "admit"),
+                           "requests admitted after the forward pass hold their blocks through a step in which they "
+                           "compute nothing: mean TTFT {mean_ttft_steps} vs {ref_mean_ttft_steps} steps, and the "
+                           "workload took {steps} steps instead of {ref_steps}."),
+    "reap last": (("budget", "admit", "preempt", "decode", "reap"),
+                  "over whole workloads this loop measures the same as the right one (the previous step's reap runs "
+                  "just before this budget), but a step must start from the state the last decode left: from there "
+                  "your step budgeted and decoded with finished requests still in the batch — {os_wasted} token(s) "
+                  "wasted on finished requests and {os_admitted} admissions vs {ref_os_admitted}. Start each step "
+                  "by reaping."),
+}
+
+_ONE_STEP_CASES = [("tight pool", 3), ("tight pool", 5), ("tight pool", 8), ("growing requests", 6),
+                   ("growing requests", 9), ("trickle", 4)]
+
+
+def evidence(step) -> dict:
+    """The numbers the explanations quote, measured for `step`."""
+    full = measure_order(step, "tight pool")
+    grow = measure_order(step, "growing requests")
+    ones = [measure_one_step(step, w, a) for w, a in _ONE_STEP_CASES]
+    return {**full, "g_preemptions": grow["preemptions"],
+            "os_admitted": sum(r["admitted"] for r in ones), "os_wasted": sum(r["wasted_tokens"] for r in ones),
+            "os_nokv": sum(r["tokens_without_kv"] for r in ones), "os_idle": sum(r["idle_blocks"] for r in ones)}
+
+
+_MISTAKES_CACHE: list[Mistake] = []
+
+
+def _mistakes() -> list[Mistake]:
+    if _MISTAKES_CACHE:
+        return _MISTAKES_CACHE
+    ref = evidence(reference_step)
+    for name, (order, template) in MISTAKE_ORDERS.items():
+        step = step_from_order(order)
+        values = {**evidence(step), **{f"ref_{k}": v for k, v in ref.items()}}
+        _MISTAKES_CACHE.append(Mistake(name, template.format(**values), step))
+    return _MISTAKES_CACHE
+
+
+def check_engine_loop(step: Callable[[SimEngine], Any] | Sequence[str], *, quiet: bool = False) -> GradeResult:
+    """Grade a `step(engine)` (or a list of the five step names) by running it and measuring."""
+    if not callable(step):
+        try:
+            step = step_from_order(step)
+        except (ValueError, TypeError) as exc:
+            result = GradeResult("the engine loop", False, report=f"❌ the engine loop: {exc}")
+            if not quiet:
+                print(result.report)
+            return result
+    result = grade("the engine loop", step, reference_step, _cases(), _mistakes(), quiet=True)
+    try:
+        probe = SimEngine(**WORKLOADS["trickle"]())
+        probe.run_step(step)
+        order = " → ".join(probe.calls)
+    except Exception:  # the cases above already reported it
+        order = None
+    lines = [result.report]
+    if order:
+        lines.insert(1, f"   Your step() calls: {order}")
+    if order is not None and not result:
+        missing = [n for n in STEP_ORDER if n not in probe.calls]
+        twice = sorted({n for n in probe.calls if probe.calls.count(n) > 1})
+        if missing:
+            lines.append(f"💡 Your step() never calls {', '.join(missing)}: each of the five steps runs once per iteration.")
+        if twice:
+            lines.append(f"💡 Your step() calls {', '.join(twice)} more than once: each step runs exactly once per iteration.")
+    if result and order and probe.calls != list(STEP_ORDER):
+        lines.append("   (Your order differs from reap → budget → admit → preempt → decode but measured the same on "
+                     "every case: here admit and preempt commute, because the budget already reserved the running "
+                     "requests' blocks, so admission cannot take them. vLLM's scheduler runs them in your order.)")
+    result.report = "\n".join(lines)
+    if not quiet:
+        print(result.report)
+    return result
