@@ -123,3 +123,22 @@ def test_simulation_accounting(lens, gaps, batch, which):
         assert len(slots) == 1
     if which == "continuous":
         assert r.wasted_slot_steps == 0  # continuous batching never idles a slot while someone waits
+
+
+def test_plots_and_animation_smoke():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from inflight import plots
+
+    wl = W.long_tailed(20, seed=0, mean=10, max_len=60)
+    runs = {"static": simulate(StaticBatchScheduler(4), wl), "continuous": simulate(ContinuousBatchScheduler(4), wl)}
+    ax = plots.gantt(runs["static"])
+    assert ax.get_xlim() == (0, runs["static"].steps) and len(ax.collections) == 3  # idle, wasted, busy
+    plots.utilization_plot(runs)
+    plots.memory_plot(runs)
+    anim = plots.animate_side_by_side(runs, frames=5)
+    assert "<script" in anim.to_jshtml()
+    plt.close("all")
