@@ -111,7 +111,8 @@ class RMSNorm(nn.Module):
 
 def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    # explicit CPU device: the model may be built under `torch.device("meta")` by the loader
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d))
     sc = cfg.rope_scaling
     if not sc:
         return inv_freq
@@ -215,10 +216,14 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.tie_weights()
         # a plain attribute, not a buffer: model.to(bfloat16) must not round the rotary frequencies
         self._inv_freq = _rope_inv_freq(config)
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the LM head when the config says so (again after `to_empty`)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
     @property
     def device(self) -> torch.device:

@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="stop early after this much training time (the report records the steps done)")
     ap.add_argument("--out", type=Path, default=ASSETS)
@@ -129,12 +130,15 @@ def main(argv: list[str] | None = None) -> dict:
     model = LlamaModel(tiny_config())
     print(f"model: {model.num_parameters() / 1e6:.2f}M parameters")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = max(1, args.steps // 20)
+    warmup = args.warmup
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
         if step < warmup:
             return args.lr * (step + 1) / warmup
         frac = (step - warmup) / max(1, args.steps - warmup)
+        if args.max_minutes is not None:  # a time budget: decay by whichever runs out first (not bit-reproducible)
+            frac = max(frac, (time.time() - t_train) / (60 * args.max_minutes))
+        frac = min(frac, 1.0)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     it = batches(train, args.batch_size, args.seq_len, torch.Generator().manual_seed(args.seed))
