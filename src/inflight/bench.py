@@ -611,12 +611,18 @@ def ideal_speedup(workload: Workload, batch_size: int) -> dict[str, Any]:
     from .simulate import simulate
     from .workloads import from_lengths
 
-    w = from_lengths([r.output_len for r in workload.requests])
+    lens = [r.output_len for r in workload.requests]
+    w = from_lengths(lens)
     st = simulate(StaticBatchScheduler(batch_size), w)
     co = simulate(ContinuousBatchScheduler(batch_size), w)
+    # rows a padded static batch computes vs rows that produce a useful token: the speedup when a
+    # step's cost grows with its rows (compute-bound), as opposed to steps that cost the same
+    static_rows = sum(len(lens[i:i + batch_size]) * max(lens[i:i + batch_size]) for i in range(0, len(lens), batch_size))
     return {"batch_size": batch_size, "static_steps": st.steps, "continuous_steps": co.steps,
             "static_utilization": st.utilization, "continuous_utilization": co.utilization,
-            "ideal_speedup": st.steps / co.steps}
+            "ideal_speedup": st.steps / co.steps,
+            "static_row_steps": static_rows, "useful_row_steps": sum(lens),
+            "work_bound_speedup": static_rows / sum(lens)}
 
 
 def device_limits(model: Any, mean_context: float, batch_sizes: dict[str, float], measure_seconds: float = 0.5
@@ -969,7 +975,8 @@ def format_report(results: dict[str, Any]) -> str:
         out.append(format_table(w["modes"]))
         ideal = w["ideal"]
         line = (f"simulator, {ideal['batch_size']} slots: static {ideal['static_steps']} steps, continuous "
-                f"{ideal['continuous_steps']} steps → ideal speedup {ideal['ideal_speedup']:.2f}x")
+                f"{ideal['continuous_steps']} steps → ideal speedup {ideal['ideal_speedup']:.2f}x if every step "
+                f"costs the same, {ideal['work_bound_speedup']:.2f}x if a step costs in proportion to its rows")
         if "realized_speedup" in ideal:
             line += (f"; realized (contiguous/static tok/s) {ideal['realized_speedup']:.2f}x = "
                      f"{ideal['realized_fraction']:.0%} of ideal")
