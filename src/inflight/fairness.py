@@ -1,0 +1,122 @@
+"""Priorities and fairness: who is admitted first, who is preempted first, and how to bound starvation.
+
+vLLM's rule: a request with a *lower* `priority` value is served first; ties go to the earlier
+arrival. Preemption takes the opposite end of the same order: the lowest-priority request, and
+among those the latest arrival (it has the least work to lose and waited least).
+
+Strict priorities can starve: under a steady stream of important requests, an unimportant one may
+wait forever. *Aging* bounds that: a request's effective priority improves with its waiting time,
+one level per `aging` time units (seconds in the engine, steps in the simulator):
+
+    effective(t) = priority - (t - arrival) / aging
+
+Everyone ages at the same rate, so comparing effective priorities at any moment t is the same as
+comparing `arrival + priority * aging` — a fixed *virtual deadline* per request. That makes aging
+cheap (the key never changes, the queue never needs re-sorting) and its bound easy to state: a
+request is overtaken only by requests that arrived less than `(its priority - theirs) * aging`
+after it. With equal priorities (or any aging, with equal priorities) the order is plain FIFO —
+the memory-aware FIFO scheduler of chapter 4 is the special case.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any, Hashable, Iterable, Mapping, Sequence
+
+from .schedulers import ContinuousBatchScheduler, _Entry
+
+__all__ = ["priority_key", "choose_victim", "PriorityScheduler", "percentile", "check_aging"]
+
+
+def check_aging(aging: Real | None) -> float | None:
+    """Validate an aging knob: None (strict priorities) or a positive number of time units per level."""
+    if aging is None:
+        return None
+    if isinstance(aging, bool) or not isinstance(aging, Real):
+        raise TypeError(f"aging must be a positive number (time per priority level) or None, got {type(aging).__name__}")
+    if not (aging > 0 and math.isfinite(aging)):
+        raise ValueError(f"aging must be a positive finite number (time per priority level) or None, got {aging}")
+    return float(aging)
+
+
+def priority_key(priority: int, arrival: float, seq_no: int = 0, aging: float | None = None) -> tuple:
+    """Sort key of a request: smaller = served first, larger = preempted first.
+
+    Without aging: (priority, arrival, seq_no). With aging: the virtual deadline
+    `arrival + priority * aging` first (see the module docstring), then the same tie-breaks."""
+    if aging is None:
+        return (priority, arrival, seq_no)
+    return (arrival + priority * aging, priority, arrival, seq_no)
+
+
+def choose_victim(running: Sequence[tuple[Hashable, int, float]]) -> Hashable:
+    """The request to preempt among `running` = [(request_id, priority, arrival), ...]: the lowest
+    priority (largest value), then the latest arrival; on a full tie the one listed last (it was
+    submitted last)."""
+    if not running:
+        raise ValueError("choose_victim needs at least one running request")
+    best_i = max(range(len(running)), key=lambda i: (running[i][1], running[i][2], i))
+    return running[best_i][0]
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default; NaN when empty."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class PriorityScheduler(ContinuousBatchScheduler):
+    """Chapter 4's memory-aware continuous batching, admitting in priority order (optionally aged).
+
+    Same interface as `ContinuousBatchScheduler` (so `inflight.simulate.simulate` runs it), plus a
+    `priority` per request — given to `add_request`, or looked up in `priorities` (request id →
+    priority) when not. Time is counted in steps. Admission stays strict (no skipping ahead): if the
+    best waiting request doesn't fit, nobody is admitted this step. With equal priorities it makes
+    exactly the decisions of `ContinuousBatchScheduler`."""
+
+    def __init__(self, max_batch_size: int, max_memory: Real | None = None, *, aging: Real | None = None,
+                 priorities: Mapping[Any, int] | None = None):
+        super().__init__(max_batch_size, max_memory)
+        self.aging = check_aging(aging)
+        self.priorities = dict(priorities or {})
+        self._keys: dict[int, tuple] = {}  # id(entry) -> its sort key
+        self._now = 0                      # steps run so far
+        self._seq = 0
+
+    def add_request(self, request_id: Hashable, num_tokens: int, memory_cost: Real = 1,
+                    priority: int | None = None) -> None:
+        """Queue a request; `priority` (lower = sooner) defaults to `priorities.get(request_id, 0)`."""
+        if priority is None:
+            priority = self.priorities.get(request_id, 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
+        super().add_request(request_id, num_tokens, memory_cost)
+        entry = self._waiting[-1]
+        self._keys[id(entry)] = priority_key(priority, self._now, self._seq, self.aging)
+        self._seq += 1
+
+    def _admit(self) -> None:
+        # the queue in key order; a stable sort keeps it cheap when arrivals come in order
+        if len(self._waiting) > 1:
+            self._waiting = type(self._waiting)(sorted(self._waiting, key=lambda e: self._keys[id(e)]))
+        used = self.active_memory
+        while self._waiting and len(self._active) < self.max_batch_size:
+            head: _Entry = self._waiting[0]
+            if not self._fits(head, used):
+                break  # strict order: no skipping ahead
+            self._waiting.popleft()
+            self._keys.pop(id(head), None)
+            self._active[head.request_id] = head
+            used += head.memory_cost
+
+    def step(self) -> list:
+        ran = super().step()
+        self._now += 1
+        return ran
