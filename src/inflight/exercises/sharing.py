@@ -1,0 +1,198 @@
+"""Graders for the sharing-and-fairness chapter: the chained block keys and cache hit of a prompt
+(prefix caching), and the choice of the preemption victim (priorities).
+
+`prefix_hit(token_ids, block_size, cached_keys) -> (keys, num_cached_tokens)`: the content keys of
+every FULL block of the prompt, `key[i] = block_key(key[i-1], block_i_tokens)` with `key[-1] = ROOT_KEY`,
+and how many prompt tokens the cache serves — the longest run of leading blocks whose keys are
+cached, in whole blocks, and never the last prompt token.
+
+`choose_victim(running) -> request_id` over `[(request_id, priority, arrival), ...]`: the lowest
+priority (largest value), then the latest arrival; on a full tie the one listed last.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable, Hashable, Sequence
+
+from ..fairness import choose_victim
+from ..prefix_cache import ROOT_KEY, block_key, block_keys
+from .grading import Case, GradeResult, Mistake, grade
+
+__all__ = ["prefix_hit", "check_prefix_hit", "choose_victim", "check_choose_victim"]
+
+
+# --- prefix hit --------------------------------------------------------------------------------------
+def prefix_hit(token_ids: Sequence[int], block_size: int, cached_keys) -> tuple[list[bytes], int]:
+    """Reference: chained keys of the full blocks, and tokens served from the cache."""
+    keys = block_keys(list(token_ids), block_size)
+    hit = 0
+    for k in keys:
+        if k not in cached_keys:
+            break
+        hit += 1
+    usable = (len(token_ids) - 1) // block_size  # leave the last token to compute
+    return keys, min(hit, usable) * block_size
+
+
+def _prefix_cases() -> list[Case]:
+    rng = random.Random("prefix-hit")
+    system = [rng.randrange(1, 50) for _ in range(12)]
+    specs = []
+
+    def cache_of(*prompts, bs):
+        keys = set()
+        for p in prompts:
+            keys.update(block_keys(p, bs))
+        return keys
+
+    # the chapter's example: a 12-token system prompt seen before, blocks of 4
+    seen = system + [60, 61, 62]
+    specs.append(("shared system prompt", system + [70, 71, 72, 73, 74], 4, cache_of(seen, bs=4)))
+    specs.append(("nothing cached", system + [1, 2], 4, set()))
+    specs.append(("prompt exactly the cached blocks", list(system), 4, cache_of(system, bs=4)))
+    specs.append(("prompt one token past the cached blocks", system + [5], 4, cache_of(system, bs=4)))
+    specs.append(("shorter than a block", [3, 4, 5], 4, cache_of([3, 4, 5, 6], bs=4)))
+    specs.append(("one token", [7], 4, cache_of([7, 1, 2, 3], bs=4)))
+    # same tokens in block 1, different block 0: no sharing of block 1
+    other = [99, 98, 97, 96] + system[4:] + [1]
+    specs.append(("same block after a different prefix", system[:0] + other, 4, cache_of(system + [0], bs=4)))
+    # a gap: block 0 cached, block 1 not, block 2's key cached (from an identical earlier prompt, then evicted block 1)
+    gap_prompt = system + [8, 8]
+    keys = block_keys(gap_prompt, 4)
+    specs.append(("a cached block after a miss", gap_prompt, 4, {keys[0], keys[2]}))
+    specs.append(("block size 1", [5, 6, 7, 8], 1, cache_of([5, 6, 7, 8, 9], bs=1)))
+    specs.append(("block size 1, partial hit", [5, 6, 1, 8], 1, cache_of([5, 6, 7, 8], bs=1)))
+    specs.append(("long prompt, big blocks", [rng.randrange(50) for _ in range(70)], 16, set()))
+    long = [rng.randrange(50) for _ in range(64)]
+    specs.append(("exactly four blocks, all cached", long, 16, cache_of(long, bs=16)))
+    specs.append(("four blocks + 3, all cached", long + [1, 2, 3], 16, cache_of(long + [1, 2, 3, 4] * 4, bs=16)))
+    for k in range(14):
+        bs = rng.choice([2, 3, 4, 8])
+        base = [rng.randrange(6) for _ in range(rng.randint(0, 20))]
+        earlier = [base + [rng.randrange(6) for _ in range(rng.randint(0, 10))] for _ in range(rng.randint(0, 3))]
+        prompt = base + [rng.randrange(6) for _ in range(rng.randint(1, 12))]
+        specs.append((f"random #{k}", prompt, bs, cache_of(*earlier, bs=bs)))
+    cases = []
+    for name, prompt, bs, cached in specs:
+        def run(f, prompt=prompt, bs=bs, cached=cached):
+            keys, n = f(list(prompt), bs, frozenset(cached))
+            return [bytes(k) for k in keys], int(n)
+        cases.append(Case(name, run, f"{len(prompt)} prompt tokens, block_size={bs}, {len(cached)} keys cached"))
+    return cases
+
+
+def _mk_unchained(tokens, bs, cached):
+    keys = [block_key(ROOT_KEY, tokens[i:i + bs]) for i in range(0, len(tokens) - bs + 1, bs)]
+    return keys, _hit(keys, cached, (len(tokens) - 1) // bs) * bs
+
+
+def _hit(keys, cached, usable):
+    n = 0
+    for k in keys:
+        if k not in cached:
+            break
+        n += 1
+    return min(n, usable)
+
+
+def _mk_partial(tokens, bs, cached):
+    keys, parent = [], ROOT_KEY
+    for i in range(0, len(tokens), bs):
+        parent = block_key(parent, tokens[i:i + bs])
+        keys.append(parent)
+    return keys, _hit(keys, cached, (len(tokens) - 1) // bs) * bs
+
+
+def _mk_no_keep(tokens, bs, cached):
+    keys = block_keys(tokens, bs)
+    return keys, _hit(keys, cached, len(keys)) * bs
+
+
+def _mk_no_stop(tokens, bs, cached):
+    keys = block_keys(tokens, bs)
+    return keys, min(sum(k in cached for k in keys), (len(tokens) - 1) // bs) * bs
+
+
+def _mk_blocks(tokens, bs, cached):
+    keys = block_keys(tokens, bs)
+    return keys, _hit(keys, cached, (len(tokens) - 1) // bs)
+
+
+def _mk_unaligned(tokens, bs, cached):
+    keys = block_keys(tokens, bs)
+    return keys, min(_hit(keys, cached, len(keys)) * bs, len(tokens) - 1)
+
+
+PREFIX_MISTAKES = [
+    Mistake("keying a block without its prefix", "each key must chain in the PARENT's key: "
+            "`key = block_key(parent_key, block_tokens)`. A block's keys and values depend on every token before "
+            "it, so equal tokens after a different prefix are different content and must not be shared.",
+            _mk_unchained),
+    Mistake("caching a partial block", "only FULL blocks get a key: a partly filled last block is still being "
+            "written (the next tokens land in it), so no other request may share it.", _mk_partial),
+    Mistake("forgetting to keep one token to recompute", "when the whole prompt is cached you still have to run "
+            "the model on at least its last token — that forward pass produces the logits the first generated "
+            "token is sampled from. Cap the hit at `(len(prompt) - 1) // block_size` blocks.", _mk_no_keep),
+    Mistake("counting hits after a miss", "the hit is the longest run of LEADING cached blocks: after the first "
+            "miss, later blocks must be recomputed anyway (their attention reads the missing block).", _mk_no_stop),
+    Mistake("blocks instead of tokens", "return the number of cached TOKENS (hit blocks × block_size), not blocks.",
+            _mk_blocks),
+    Mistake("keeping one token but not whole blocks", "`min(hit_tokens, len(prompt) - 1)` lands mid-block: the "
+            "cache only hands out whole blocks, and the recomputed tail would overwrite a shared block. Round the "
+            "hit down to whole blocks: `min(hit_blocks, (len(prompt) - 1) // block_size) * block_size`.",
+            _mk_unaligned),
+]
+
+
+def check_prefix_hit(fn: Callable[[list, int, frozenset], tuple], *, quiet: bool = False) -> GradeResult:
+    """Grade `fn(token_ids, block_size, cached_keys) -> (keys, num_cached_tokens)`."""
+    return grade("prefix_hit", fn, prefix_hit, _prefix_cases(), PREFIX_MISTAKES, quiet=quiet)
+
+
+# --- preemption victim -------------------------------------------------------------------------------
+def _victim_cases() -> list[Case]:
+    specs = [
+        ("the chapter's example", [("A", 0, 0.0), ("B", 1, 1.0), ("C", 1, 2.0), ("D", 0, 3.0)]),
+        ("lowest priority arrived first", [("old-low", 2, 0.0), ("new-high", 0, 5.0), ("mid", 1, 9.0)]),
+        ("equal priorities: FIFO's victim", [("a", 0, 3.0), ("b", 0, 1.0), ("c", 0, 2.0)]),
+        ("admitted out of arrival order", [("x", 1, 4.0), ("y", 1, 7.0), ("z", 1, 5.0), ("w", 0, 9.0)]),
+        ("one request", [("only", 3, 2.0)]),
+        ("negative priorities", [("vip", -5, 8.0), ("normal", 0, 1.0), ("also", 0, 0.5)]),
+        ("a full tie", [("first", 1, 2.0), ("second", 1, 2.0), ("high", 0, 3.0)]),
+        ("priorities above 9", [("p10", 10, 1.0), ("p9", 9, 2.0)]),
+        ("latest arrival is the most important", [("a", 2, 0.0), ("b", 2, 1.0), ("c", 0, 9.0)]),
+    ]
+    rng = random.Random("victim")
+    for k in range(20):
+        n = rng.randint(2, 8)
+        arrivals = rng.sample(range(50), n)
+        specs.append((f"random #{k}", [(f"r{i}", rng.randint(0, 3), float(arrivals[i])) for i in range(n)]))
+    return [Case(name, lambda f, r=r: f([tuple(x) for x in r]),
+                 "running = " + ", ".join(f"{i}(prio {p}, arr {a:g})" for i, p, a in r)) for name, r in specs]
+
+
+VICTIM_MISTAKES = [
+    Mistake("earliest instead of latest arrival", "among the lowest-priority requests, preempt the LATEST arrival: "
+            "it has done the least work (least to recompute) and has waited least. The earliest has the most to "
+            "lose and would be pushed back twice.",
+            lambda r: max(enumerate(r), key=lambda ix: (ix[1][1], -ix[1][2], ix[0]))[1][0]),
+    Mistake("highest instead of lowest priority", "a LOWER priority value means MORE important (vLLM's "
+            "convention); the victim has the LARGEST value.",
+            lambda r: max(enumerate(r), key=lambda ix: (-ix[1][1], ix[1][2], ix[0]))[1][0]),
+    Mistake("priority ignored", "the latest arrival is the victim only among requests of the lowest priority; "
+            "compare priorities first.", lambda r: max(enumerate(r), key=lambda ix: (ix[1][2], ix[0]))[1][0]),
+    Mistake("arrival ignored", "several requests can share the lowest priority: break the tie by arrival "
+            "(latest first), not by where they sit in the list.",
+            lambda r: max(r, key=lambda x: x[1])[0]),
+    Mistake("the last one admitted", "the running list is in admission order, and preempted requests come back "
+            "later: the last in the list is not necessarily the lowest priority or the latest arrival.",
+            lambda r: r[-1][0]),
+    Mistake("the oldest request", "preempting the request that arrived FIRST throws away the most work and "
+            "ignores priority: the victim is the lowest priority, latest arrival.",
+            lambda r: min(enumerate(r), key=lambda ix: (ix[1][2], ix[0]))[1][0]),
+]
+
+
+def check_choose_victim(fn: Callable[[list], Hashable], *, quiet: bool = False) -> GradeResult:
+    """Grade `fn(running) -> request_id` over `running = [(request_id, priority, arrival), ...]`."""
+    return grade("choose_victim", fn, choose_victim, _victim_cases(), VICTIM_MISTAKES, quiet=quiet)
