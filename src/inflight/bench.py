@@ -142,6 +142,7 @@ class RunRecord:
     idle: float = 0.0  # time spent waiting for requests to arrive (online workloads)
     forward_seconds: float | None = None
     forward_calls: int = 0
+    forward_tokens: int = 0  # input tokens fed to the model's forward (prefill + decode, padding included)
     step_batch: list[int] = field(default_factory=list)  # sequences in each forward pass
     step_time: list[float] = field(default_factory=list)  # when each step ended (s since start)
     kv_used_tokens: list[int] = field(default_factory=list)  # tokens of unfinished requests in cache, per step
@@ -242,7 +243,7 @@ def run_static(model: Any, workload: Workload, batch_size: int, max_len: int, mo
         sync(dev)
         rec.wall = time.perf_counter() - start
         rec.idle = arrivals.idle
-    rec.forward_seconds, rec.forward_calls = ft.seconds, ft.calls
+    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
     rec.peak_memory_bytes = pm.peak_bytes
     return rec
 
@@ -296,7 +297,7 @@ def run_engine(model: Any, workload: Workload, *, block_size: int, num_blocks: i
         sync(dev)
         rec.wall = time.perf_counter() - start
         rec.idle = arrivals.idle
-    rec.forward_seconds, rec.forward_calls = ft.seconds, ft.calls
+    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
     rec.peak_memory_bytes = pm.peak_bytes
     rec.engine_stats = dict(engine.summary())
     st = [s for s in engine.stats if s.batch_size]
@@ -385,7 +386,7 @@ def run_hf_static(hf: Any, workload: Workload, batch_size: int, kv_bytes_per_tok
         sync(dev)
         rec.wall = time.perf_counter() - start
         rec.idle = arrivals.idle
-    rec.forward_seconds, rec.forward_calls = ft.seconds, ft.calls
+    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
     rec.peak_memory_bytes = pm.peak_bytes
     return rec
 
@@ -452,7 +453,7 @@ def run_hf_continuous(hf: Any, workload: Workload, kv_bytes_per_token: int, kv_t
         if ts:
             rec.first_token[r.id] = ts[0] - start
             rec.finish[r.id] = ts[min(len(ts), r.output_len) - 1] - start
-    rec.forward_seconds, rec.forward_calls = ft.seconds, ft.calls
+    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
     rec.peak_memory_bytes = pm.peak_bytes
     rec.notes.append("batch size and token budget chosen by transformers' own defaults (WorkloadHints)")
     if kv_tokens:
@@ -571,6 +572,7 @@ def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -
         "e2e_p50_s": _pct(e2e, 50), "e2e_p99_s": _pct(e2e, 99),
         "steps": len(rec.step_batch),
         "forward_calls": rec.forward_calls,
+        "forward_tokens": rec.forward_tokens,
         "mean_batch": sum(rec.step_batch) / len(rec.step_batch) if rec.step_batch else None,
         "max_batch": max(rec.step_batch) if rec.step_batch else None,
         "forward_s": rec.forward_seconds,
@@ -684,13 +686,13 @@ def quick_config(**overrides: Any) -> BenchConfig:
     return cfg
 
 
-def random_model(seed: int = 0, vocab_size: int = 512, device: str | None = None) -> Any:
-    """A random 4-layer, 256-wide Llama (the stand-in when no trained model is at hand)."""
+def random_model(seed: int = 0, vocab_size: int = 257, device: str | None = None) -> Any:
+    """A random Llama of the tiny model's shape (4 layers, 256 wide, 2 KV heads): the stand-in when no trained model is at hand."""
     from .model import LlamaConfig, LlamaModel
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     return LlamaModel(cfg).eval().to(device or "cpu")
 
 
@@ -915,6 +917,7 @@ def _run_one(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[str
              log: Callable[[str], None], ref_key: str | None = None) -> dict[str, Any]:
     """Run a mode, check its tokens against the reference, summarise; failures become an entry."""
     key = ref_key or w.name
+    load_before = _loadavg()
     try:
         rec = run_mode(mode, setup, w)
     except Exception as exc:
@@ -927,7 +930,17 @@ def _run_one(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[str
     mismatch = check_outputs(w, refs[key], rec.tokens) if key in refs else "no reference run to compare with"
     if mismatch:
         log(f"  {MODE_TITLES.get(mode, mode)} on {w.name}: NOT reporting a speed — {mismatch}")
-    return summarize(rec, w, mismatch)
+    out = summarize(rec, w, mismatch)
+    # other processes on the machine skew timings: keep the 1-minute load average around each run
+    out["loadavg_1min"] = [load_before, _loadavg()]
+    return out
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 # --------------------------------------------------------------------------------------------------
