@@ -304,3 +304,12 @@ def test_seeded_sampling_reproducible_regardless_of_batch(model):
     other = LLMEngine(model, block_size=4, num_blocks=40).generate(
         [prompt], SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=99, ignore_eos=True), use_tqdm=False)[0]
     assert other.token_ids != alone
+
+
+def test_contiguous_cache_is_one_block_per_request(model, workload):
+    # the baseline the paged cache improves on: block_size = context, one block per request
+    prompts, params, alone = workload
+    engine = LLMEngine(model, block_size=128, num_blocks=4, max_batch_size=4, debug=True)
+    outs = engine.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == alone
+    assert max(s.blocks_used for s in engine.stats) <= 4 and engine.summary()["preemptions"] == 0

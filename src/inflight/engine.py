@@ -127,7 +127,10 @@ class LLMEngine:
     after the weights; on CPU enough for `max_batch_size` requests of `CPU_DEFAULT_TOKENS_PER_REQUEST`
     tokens (capped by `kv_cache.default_kv_budget_bytes`). `watermark` is the fraction of the pool
     admission leaves free so that running requests can grow without being preempted at once.
-    `debug=True` checks the scheduler's invariants after every step."""
+    `swap_blocks` sizes the CPU pool of `preemption="swap"` (default: as many blocks as the device
+    pool); when it is full, a victim is recomputed instead. `max_batched_tokens` defaults to 512 with
+    chunked prefill, else to the model's context. `debug=True` checks the scheduler's invariants
+    after every step. A contiguous cache is `block_size=max_model_len`, `num_blocks=max_batch_size`."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",

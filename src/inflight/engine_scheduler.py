@@ -221,11 +221,16 @@ class Scheduler:
             if q == 0 or need > b.blocks or not self._can_allocate(need):
                 break
             self.waiting.pop(0)
-            s.block_table.extend(self.allocator.allocate(need))
+            self.allocate_prompt(s, need)
             self._join(s, q, need, b)
             admitted.append(s)
         self.events.admitted.extend(admitted)
         return admitted
+
+    def allocate_prompt(self, s: Sequence, need: int) -> None:
+        """Give an admitted request the blocks for its first chunk. (A prefix cache overrides this:
+        look up the longest cached prefix, share those blocks, advance `num_computed_tokens`.)"""
+        s.block_table.extend(self.allocator.allocate(need))
 
     def _chunk(self, s: Sequence, b: Budget) -> int:
         """Tokens `s` would compute this step: all that remain, or a chunk that fits the token budget."""
