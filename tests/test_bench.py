@@ -156,6 +156,7 @@ def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
     for mode in ("static", "contiguous", "paged", "hf_static"):
         assert lt["modes"][mode]["status"] == "ok", mode
     assert lt["modes"]["paged"]["sched_prep_share"] is not None
+    assert "sched_prep_under_10pct_at_batch" in data["targets"]
     assert {"ideal_speedup", "static_steps", "continuous_steps", "realized_fraction"} <= set(lt["ideal"])
     assert data["workloads"]["online"]["rates"]["1"]["modes"]["paged"]["status"] == "ok"
     assert data["device_limits"]["matmul_flops_per_s"] > 0
