@@ -215,6 +215,10 @@ def test_abort_frees_blocks_wherever_the_request_is(model):
     waiting = engine.scheduler.waiting[-1].request_id
     engine.abort_request(waiting)
     engine.abort_request("no-such-request")  # ignored
+    done = [s for s in engine.scheduler.running if s.finish_reason is not None]
+    for s in done:  # finished but not yet reaped: aborting changes nothing
+        engine.abort_request(s.request_id)
+        assert s.finish_reason == "length"
     engine.check_invariants()
     while engine.has_unfinished_requests():
         engine.step()

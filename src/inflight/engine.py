@@ -267,8 +267,8 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and give its KV blocks back (unknown or finished ids are ignored)."""
         seq = self.requests.get(str(request_id))
-        if seq is None or seq.status is SequenceStatus.FINISHED:
-            return
+        if seq is None or seq.status is SequenceStatus.FINISHED or seq.finish_reason is not None:
+            return  # unknown, or already done (a finished request's blocks go back at the next reap)
         self.scheduler.abort(seq)
         seq.finish_reason = "abort"
         seq.finish_time = time.perf_counter()
