@@ -131,7 +131,7 @@ def test_tiny_model_loads_in_both_libraries_and_writes_python():
     from inflight.generate import generate
 
     prompt = "def fibonacci(n):\n"
-    out = generate(model, [tok.encode(prompt)], max_new_tokens=200)[0]
+    out = generate(model, [tok.encode(prompt, add_bos=True)], max_new_tokens=200)[0]
     text = tok.decode(out)
     assert text.startswith("    ")  # the body is indented: it learned Python's shape
     assert any(word in text for word in ("return", "if ", "for ", "self", "="))

@@ -21,6 +21,7 @@ def test_eos_and_special_tokens():
     assert ids[-1] == 256 and len(ids) == len("héllo".encode()) + 1
     assert tok.decode(ids) == "héllo"
     assert tok.decode(ids, skip_special_tokens=False).endswith("<|endoftext|>")
+    assert tok.encode("x", add_bos=True) == [256, ord("x")]
 
 
 def test_partial_multibyte_sequence_decodes_with_replacement():

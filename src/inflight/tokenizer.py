@@ -16,15 +16,18 @@ class ByteTokenizer:
 
     vocab_size = 257
     eos_token_id = 256
-    bos_token_id = None
+    # documents are separated by end-of-text in training, so "start of a document" = "after end-of-text"
+    bos_token_id = 256
     pad_token_id = 256
 
-    def encode(self, text: str, add_eos: bool = False) -> list[int]:
-        """The UTF-8 bytes of `text` (plus end-of-text when `add_eos`)."""
+    def encode(self, text: str, add_eos: bool = False, add_bos: bool = False) -> list[int]:
+        """The UTF-8 bytes of `text` (with end-of-text before it when `add_bos`, after it when `add_eos`).
+
+        A prompt that starts a new function reads better with `add_bos=True`."""
         if not isinstance(text, str):
             raise TypeError(f"ByteTokenizer.encode expects a str, got {type(text).__name__}")
         ids = list(text.encode("utf-8"))
-        return ids + [self.eos_token_id] if add_eos else ids
+        return ([self.bos_token_id] if add_bos else []) + ids + ([self.eos_token_id] if add_eos else [])
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; a cut-off multi-byte character shows as U+FFFD instead of raising."""

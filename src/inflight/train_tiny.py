@@ -103,10 +103,20 @@ def save(model: LlamaModel, out: Path) -> None:
     save_file(model.hf_state_dict(), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+def make_samples(model: LlamaModel, max_new_tokens: int = 300) -> dict:
+    """Greedy and sampled (temperature 0.8, seeded) continuations of function signatures."""
+    from .generate import generate
+
+    tok = ByteTokenizer()
+    prompts = [tok.encode(p, add_bos=True) for p in SAMPLE_PROMPTS]
+    greedy = generate(model, prompts, max_new_tokens=max_new_tokens)
+    sampled = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=0.8, seed=0)
+    return {"greedy": {p: tok.decode(o) for p, o in zip(SAMPLE_PROMPTS, greedy)},
+            "temperature_0.8_seed_0": {p: tok.decode(o) for p, o in zip(SAMPLE_PROMPTS, sampled)}}
+
+
 def main(argv: list[str] | None = None) -> dict:
     from tqdm.auto import tqdm
-
-    from .generate import generate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=500)
@@ -163,9 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_seconds = time.time() - t_train
     model.eval()
     train_loss, val_loss = evaluate(model, train, args.seq_len), evaluate(model, val, args.seq_len)
-    tok = ByteTokenizer()
-    outs = generate(model, [tok.encode(p) for p in SAMPLE_PROMPTS], max_new_tokens=300)
-    samples = {p: tok.decode(o) for p, o in zip(SAMPLE_PROMPTS, outs)}
+    samples = make_samples(model)
     save(model, args.out)
     report = {
         "steps": steps_done, "scheduled_steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
@@ -180,8 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"trained {steps_done} steps in {train_seconds / 60:.1f} min "
           f"({report['tokens_per_second']:,} tokens/s); train loss {train_loss:.3f}, val loss {val_loss:.3f} "
           f"({report['val_bits_per_byte']:.2f} bits/byte)")
-    for p, s in samples.items():
-        print("----- sample -----\n" + p + s)
+    for kind, texts in samples.items():
+        for p, s in texts.items():
+            print(f"----- {kind} -----\n" + p + s)
     return report
 
 
