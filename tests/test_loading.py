@@ -46,6 +46,17 @@ def test_sharded_checkpoint(llama_dir, tmp_path):
     assert not any(p.requires_grad for p in model.parameters())
 
 
+def test_meta_device_construction_path(llama_dir, monkeypatch):
+    import inflight.loading
+
+    monkeypatch.setattr(inflight.loading, "META_INIT_MIN_PARAMS", 0)  # as for a big checkpoint
+    hf, folder = llama_dir
+    model = load_pretrained(folder, device="cpu")
+    ids = torch.arange(7)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(model, ids), hf(ids).logits, atol=1e-4, rtol=0)
+
+
 def test_dtype_argument(llama_dir):
     model = load_pretrained(llama_dir[1], device="cpu", dtype=torch.bfloat16)
     assert model.dtype == torch.bfloat16

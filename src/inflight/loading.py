@@ -24,6 +24,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 TINY_PATH = Path(__file__).resolve().parent / "assets"
 _HUB_ID = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+META_INIT_MIN_PARAMS = 50_000_000  # above this, build the model on the meta device (no random init)
 
 
 def _resolve(path_or_hub_id: str | Path) -> Path:
@@ -111,9 +112,19 @@ def load_pretrained(path_or_hub_id: str | Path, device: str | torch.device | Non
     dev = torch.device(pick_device(None if device is None else str(device)))
     raw = json.loads((folder / "config.json").read_text())
     dtype = dtype or _default_dtype(dev, raw.get("torch_dtype") or raw.get("dtype"))
-    with torch.device("meta"):  # no time spent on random init of weights we overwrite
-        model = LlamaModel(config)
-    model = model.to_empty(device=dev).to(dtype)
+    c = config
+    approx = c.vocab_size * c.hidden_size * 2 + c.num_hidden_layers * (
+        c.hidden_size * c.head_dim * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
+        + 3 * c.hidden_size * c.intermediate_size)
+    if approx > META_INIT_MIN_PARAMS:
+        # big model: skip the random init of weights we overwrite anyway (the meta-device context
+        # itself costs about a second to set up, so small models are simply built normally)
+        with torch.device("meta"):
+            model = LlamaModel(config)
+        model = model.to_empty(device=dev)
+    else:
+        model = LlamaModel(config).to(dev)
+    model = model.to(dtype)
     model.tie_weights()
     model.load_hf_state_dict(tensors)
     model.eval().requires_grad_(False)
