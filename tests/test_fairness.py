@@ -106,3 +106,72 @@ def test_equal_priorities_is_chapter4_fifo(spec, slots, max_memory, aging, prio)
     fifo = simulate(ContinuousBatchScheduler(slots, max_memory), wl)
     pri = simulate(PriorityScheduler(slots, max_memory, aging=aging, priorities={r.id: prio for r in wl}), wl)
     assert pri.timeline == fifo.timeline
+
+
+# -- the engine: priorities from SamplingParams or add_request, aging, victims ---------------------
+import torch  # noqa: E402
+
+from inflight.engine import LLMEngine  # noqa: E402
+from inflight.model import LlamaConfig, LlamaModel  # noqa: E402
+from inflight.sampling import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
+    return LlamaModel(cfg).eval()
+
+
+def _admission_order(engine):
+    order = []
+    while engine.has_unfinished_requests():
+        order += [o.request_id for o in engine.step() if len(o.token_ids) == 1]
+    return order
+
+
+@pytest.mark.parametrize("aging, expected", [
+    (None, ["h1", "h2", "h3", "h4", "low"]),      # strict: the low request waits for every high one
+    (1.0, ["h1", "h2", "low", "h3", "h4"]),       # aged: overtaken only by requests arriving < 1 s after it
+    (3.0, ["h1", "h2", "h3", "h4", "low"]),
+])
+def test_engine_admission_order_with_and_without_aging(model, aging, expected):
+    engine = LLMEngine(model, block_size=4, num_blocks=40, max_batch_size=1, priority_aging=aging, debug=True)
+    sp = SamplingParams(max_tokens=2, ignore_eos=True)
+    engine.add_request([1, 2, 3], sp, request_id="low", arrival_time=100.0, priority=1)
+    for i, t in enumerate([99.0, 100.5, 101.5, 102.0], start=1):  # h2 arrives 0.5 s after low, h3 1.5 s after
+        engine.add_request([4, 5, 6], SamplingParams(max_tokens=2, ignore_eos=True, priority=0),
+                           request_id=f"h{i}", arrival_time=t)
+    assert _admission_order(engine) == expected
+
+
+def test_request_priority_overrides_sampling_params(model):
+    engine = LLMEngine(model, block_size=4, num_blocks=40, max_batch_size=1, debug=True)
+    sp = SamplingParams(max_tokens=1, ignore_eos=True, priority=0)
+    engine.add_request([1], sp, request_id="a", priority=5)
+    engine.add_request([2], sp, request_id="b")
+    assert _admission_order(engine) == ["b", "a"]
+    with pytest.raises(TypeError, match="priority"):
+        engine.add_request([3], sp, priority=1.5)
+    with pytest.raises(ValueError, match="aging"):
+        LLMEngine(model, block_size=4, num_blocks=40, priority_aging=0)
+
+
+def test_engine_victim_matches_choose_victim(model):
+    # three requests grow in a pool too small for all: every preemption takes the lowest priority, latest arrival
+    engine = LLMEngine(model, block_size=2, num_blocks=12, max_batch_size=3, debug=True)
+    spec = {"a": (1, 0.0), "b": (1, 1.0), "c": (0, 2.0)}
+    for rid, (prio, t) in spec.items():
+        engine.add_request([1, 2], SamplingParams(max_tokens=14, ignore_eos=True), request_id=rid, arrival_time=t,
+                           priority=prio)
+    victims = []
+    while engine.has_unfinished_requests():
+        running = [(s.request_id, s.priority, s.arrival_time) for s in engine.scheduler.running]
+        engine.step()
+        for s in engine.scheduler.events.preempted:
+            victims.append(s.request_id)
+            assert s.request_id == choose_victim([r for r in running if r[0] in
+                                                  {x.request_id for x in engine.scheduler.running} | {s.request_id}])
+    assert victims and set(victims) <= {"a", "b"} and victims[0] == "b"

@@ -202,3 +202,169 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+# -- end to end: the engine with prefix caching --------------------------------------------------
+import torch  # noqa: E402
+
+from inflight.engine import LLMEngine  # noqa: E402
+from inflight.model import LlamaConfig, LlamaModel  # noqa: E402
+from inflight.sampling import SamplingParams  # noqa: E402
+
+VOCAB = 61
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
+    return LlamaModel(cfg).eval()
+
+
+def _shared_prompts(n, seed, system_len=13, lo=1, hi=9, share=0.75):
+    """Most prompts start with one of two system prompts; the rest are unrelated."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(1, VOCAB) for _ in range(system_len)] for _ in range(2)]
+    out = []
+    for _ in range(n):
+        head = rng.choice(systems) if rng.random() < share else []
+        out.append(head + [rng.randrange(1, VOCAB) for _ in range(rng.randint(lo, hi))])
+    return out
+
+
+def _run(model, prompts, params, **kw):
+    engine = LLMEngine(model, debug=True, **kw)
+    return engine, engine.generate(prompts, params, use_tqdm=False)
+
+
+def test_second_request_reuses_the_first_ones_blocks(model):
+    sp = SamplingParams(max_tokens=3, ignore_eos=True)
+    engine = LLMEngine(model, block_size=4, num_blocks=32, enable_prefix_caching=True, debug=True)
+    p = list(range(1, 11))  # 10 tokens: two full blocks
+    first = engine.generate([p], sp, use_tqdm=False)[0]
+    second = engine.generate([p], sp, use_tqdm=False)[0]
+    exact = engine.generate([p[:8]], sp, use_tqdm=False)[0]   # exactly two blocks: the last one is recomputed
+    assert (first.num_cached_tokens, second.num_cached_tokens, exact.num_cached_tokens) == (0, 8, 4)
+    assert first.token_ids == second.token_ids
+    assert [s.num_prefill_tokens for s in engine.stats if s.num_prefill_tokens] == [10, 2, 4]
+    stats = engine.prefix_cache_stats()
+    assert stats["prefix_cache_hits"] == 2 and stats["prefix_cache_hit_tokens"] == 12
+    assert engine.allocator.num_used == 0 and engine.allocator.num_evictable > 0
+    engine.reset_prefix_cache()
+    assert engine.generate([p], sp, use_tqdm=False)[0].num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("chunked", [True, False])
+def test_greedy_identical_with_caching_on_and_off_under_pressure(model, preemption, chunked):
+    prompts = _shared_prompts(14, seed=3)
+    rng = random.Random(4)
+    params = [SamplingParams(max_tokens=rng.randint(1, 16), ignore_eos=True) for _ in prompts]
+    kw = dict(block_size=4, num_blocks=16, max_batch_size=6, max_batched_tokens=16 if chunked else 40,
+              preemption=preemption, enable_chunked_prefill=chunked)
+    off_engine, off = _run(model, prompts, params, **kw)
+    on_engine, on = _run(model, prompts, params, enable_prefix_caching=True, **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    s_on, s_off = on_engine.summary(), off_engine.summary()
+    assert s_on["prefix_cache_hit_tokens"] > 0 and s_on["prefill_tokens"] < s_off["prefill_tokens"]
+    assert s_on["preemptions"] > 0 and s_on["prefix_cache_evictions"] > 0, "the pool should be under pressure"
+    assert on_engine.allocator.num_used == 0 and on_engine.allocator.num_free == on_engine.num_blocks
+    on_engine.allocator.check_invariants()
+
+
+def test_same_block_after_a_different_prefix_is_not_shared(model):
+    # [A, Y] and [C, X] are cached; [A, X] may reuse A but not X: X's keys/values depend on what came before
+    A, C, X, Y = [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16], [17, 18, 19, 20]
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    prompts = [A + Y + [1], C + X + [1], A + X + [1]]
+    engine = LLMEngine(model, block_size=4, num_blocks=32, max_batch_size=1, enable_prefix_caching=True, debug=True)
+    outs = [engine.generate([p], sp, use_tqdm=False)[0] for p in prompts]
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 4]
+    _, off = _run(model, prompts, sp, block_size=4, num_blocks=32)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in off]
+
+
+def test_evicted_block_is_recomputed_identically(model):
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    system = [7, 3, 9, 12, 44, 5, 6, 18, 2]
+    engine = LLMEngine(model, block_size=4, num_blocks=8, max_batch_size=1, enable_prefix_caching=True, debug=True)
+    a = engine.generate([system + [1]], sp, use_tqdm=False)[0]
+    # unrelated traffic flushes the small pool: the system prompt's blocks are evicted
+    rng = random.Random(0)
+    engine.generate([[rng.randrange(1, VOCAB) for _ in range(20)] for _ in range(3)], sp, use_tqdm=False)
+    assert engine.prefix_cache_stats()["prefix_cache_evictions"] >= 2
+    b = engine.generate([system + [1]], sp, use_tqdm=False)[0]
+    assert b.num_cached_tokens < 8 and b.token_ids == a.token_ids
+    c = engine.generate([system + [1]], sp, use_tqdm=False)[0]  # ... and cached again
+    assert c.num_cached_tokens == 8 and c.token_ids == a.token_ids
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_preempted_request_hits_the_cache_when_it_comes_back(model, preemption):
+    # prompts share nothing (a 4-token block collides with chance 1/61^4): any hit is a request finding
+    # its OWN blocks again after a preemption
+    rng = random.Random(11)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(9, 14))] for _ in range(6)]
+    params = [SamplingParams(max_tokens=14, ignore_eos=True)] * len(prompts)
+    kw = dict(block_size=4, num_blocks=14, max_batch_size=4, max_batched_tokens=16, preemption=preemption)
+    _, off = _run(model, prompts, params, **kw)
+    engine, on = _run(model, prompts, params, enable_prefix_caching=True, **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    if preemption == "recompute":
+        back = [o for o in on if o.num_preemptions > 0 and o.num_cached_tokens > 0]
+        assert back, "a preempted request should find some of its blocks still cached"
+    assert engine.summary()["preemptions"] > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_shared_workloads_identical(model, seed):
+    prompts = _shared_prompts(10, seed=100 + seed, system_len=random.Random(seed).randint(3, 17), share=0.9)
+    rng = random.Random(seed)
+    params = [SamplingParams(max_tokens=rng.randint(1, 10), ignore_eos=True) for _ in prompts]
+    bs = rng.choice([2, 4, 8])
+    kw = dict(block_size=bs, num_blocks=rng.randint(80, 120) // bs, max_batch_size=rng.randint(2, 6),
+              max_batched_tokens=rng.choice([8, 16, 64]))
+    _, off = _run(model, prompts, params, **kw)
+    _, on = _run(model, prompts, params, enable_prefix_caching=True, **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+
+
+def test_tiny_model_identical_with_caching():
+    from inflight.loading import load_tiny
+
+    try:
+        tiny, tok = load_tiny()
+    except FileNotFoundError:
+        pytest.skip("the shipped tiny model is not there yet")
+    system = "def add(a, b):\n    return a + b\n\ndef "
+    texts = [system + s for s in ("mul(a, b):", "sub(a, b):", "neg(a):", "mul(a, b):")]
+    sp = SamplingParams(max_tokens=12)
+    kw = dict(tokenizer=tok, block_size=8, num_blocks=24, max_batch_size=2, max_batched_tokens=32)
+    _, off = _run(tiny, texts, sp, **kw)
+    engine, on = _run(tiny, texts, sp, enable_prefix_caching=True, **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert engine.prefix_cache_stats()["prefix_cache_hit_tokens"] > 0
+
+
+def test_caching_needs_the_caching_allocator():
+    from inflight.engine_scheduler import Scheduler, SchedulerConfig
+
+    with pytest.raises(ValueError, match="PrefixCachingBlockAllocator"):
+        Scheduler(BlockAllocator(4, 4), SchedulerConfig(max_batch_size=1, max_batched_tokens=4, enable_prefix_caching=True))
+
+
+def test_bench_prefix_plumbing(model):
+    from inflight import bench_prefix
+
+    res = bench_prefix.collect(model, n=6, system_len=12, user_len=3, output_len=3, block_size=4, max_batch_size=3)
+    sh, no = res["workloads"]["shared_system_prompt"], res["workloads"]["share_nothing"]
+    assert sh["outputs_identical"] and no["outputs_identical"]
+    assert sh["on"]["prefill_tokens"] < sh["off"]["prefill_tokens"] == no["off"]["prefill_tokens"] == 6 * 15
+    assert sh["on"]["hit_rate"] > 0.5 and no["on"]["hit_rate"] == 0
+    assert "prefill" in bench_prefix.report(res)
+    with pytest.raises(TypeError, match="unknown"):
+        bench_prefix.collect(model, n=2, bogus=1)
+    with pytest.raises(ValueError, match="context"):
+        bench_prefix.collect(model, n=2, system_len=200)

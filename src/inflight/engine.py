@@ -20,7 +20,9 @@ import torch
 
 from .blocks import BlockAllocator
 from .engine_scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .fairness import check_aging, priority_key
 from .kv_cache import AttentionMetadata, KVCache, default_kv_budget_bytes, kv_bytes_per_token
+from .prefix_cache import PrefixCachingBlockAllocator
 from .sampling import Sampler, SamplingParams, make_generator
 from .sequence import Sequence, SequenceStatus
 
@@ -47,6 +49,7 @@ class RequestOutput:
     finish_time: float | None
     token_times: list[float] = field(default_factory=list, repr=False)
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the last admission
 
     @property
     def ttft(self) -> float | None:
@@ -130,19 +133,28 @@ class LLMEngine:
     `swap_blocks` sizes the CPU pool of `preemption="swap"` (default: as many blocks as the device
     pool); when it is full, a victim is recomputed instead. `max_batched_tokens` defaults to 512 with
     chunked prefill, else to the model's context. `debug=True` checks the scheduler's invariants
-    after every step. A contiguous cache is `block_size=max_model_len`, `num_blocks=max_batch_size`."""
+    after every step. A contiguous cache is `block_size=max_model_len`, `num_blocks=max_batch_size`.
+
+    `enable_prefix_caching=True` shares the KV blocks of common prompt prefixes between requests
+    (`inflight.prefix_cache`): admission takes the longest cached prefix and computes only the rest.
+    Priorities (`SamplingParams.priority` or `add_request(..., priority=)`, lower first, ties by
+    arrival) order admission and preemption; `priority_aging` (seconds of waiting worth one
+    priority level, None = strict priorities) bounds how long a low-priority request can starve
+    (`inflight.fairness`)."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
                  enable_chunked_prefill: bool = True, watermark: float = 0.0, tokenizer: Any = None,
                  debug: bool = False, device: str | torch.device | None = None, swap_blocks: int | None = None,
-                 max_model_len: int | None = None, seed: int = 0):
+                 max_model_len: int | None = None, seed: int = 0, enable_prefix_caching: bool = False,
+                 priority_aging: float | None = None):
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark}")
+        self.priority_aging = check_aging(priority_aging)
         self.model = model
         self.config = model.config
         self.tokenizer = tokenizer
@@ -158,7 +170,8 @@ class LLMEngine:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.kv_cache = KVCache.for_model(self.config, num_blocks, block_size, dtype=self.dtype, device=self.device)
-        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.allocator = (PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator)(num_blocks, block_size)
         eos = set(getattr(self.config, "eos_token_ids", None) or [])
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(int(tokenizer.eos_token_id))
@@ -166,7 +179,7 @@ class LLMEngine:
         sched_cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
                                     enable_chunked_prefill=enable_chunked_prefill, preemption=preemption,
                                     watermark_blocks=int(watermark * num_blocks), max_model_len=self.max_model_len,
-                                    eos_token_ids=self.eos_token_ids)
+                                    eos_token_ids=self.eos_token_ids, enable_prefix_caching=self.enable_prefix_caching)
         cpu_alloc, self.swapper = None, None
         if preemption == "swap":
             n_cpu = num_blocks if swap_blocks is None else swap_blocks
@@ -198,15 +211,17 @@ class LLMEngine:
 
     # -- submission ------------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    priority: int | None = None) -> str:
         """Validate and queue one request; returns its id. A bad request raises (ValueError/TypeError)
-        and leaves the engine exactly as it was. `arrival_time` is on `time.perf_counter()`'s clock."""
-        seq = self._make_sequence(prompt, sampling_params, request_id, arrival_time)
+        and leaves the engine exactly as it was. `arrival_time` is on `time.perf_counter()`'s clock;
+        `priority` (lower = sooner) overrides `sampling_params.priority`."""
+        seq = self._make_sequence(prompt, sampling_params, request_id, arrival_time, priority)
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq.request_id
 
-    def _make_sequence(self, prompt, params, request_id, arrival_time) -> Sequence:
+    def _make_sequence(self, prompt, params, request_id, arrival_time, priority=None) -> Sequence:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -239,8 +254,15 @@ class LLMEngine:
             request_id = str(request_id)
             if request_id in self.requests:
                 raise ValueError(f"request_id {request_id!r} is already in use")
+        if priority is None:
+            priority = params.priority
+        elif isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         now = time.perf_counter() if arrival_time is None else float(arrival_time)
-        return Sequence(request_id, ids, params, now, seq_no=next(self._seq_nos), generator=make_generator(params.seed))
+        seq = Sequence(request_id, ids, params, now, seq_no=next(self._seq_nos), generator=make_generator(params.seed))
+        seq.priority = priority
+        seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
+        return seq
 
     def _tokenize(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -360,7 +382,8 @@ class LLMEngine:
         out = s.output_token_ids
         text = self.tokenizer.decode(out) if self.tokenizer is not None else None
         return RequestOutput(s.request_id, s.prompt_token_ids, out, text, s.finish_reason, s.finish_reason is not None,
-                             s.arrival_time, s.first_token_time, s.finish_time, list(s.token_times), s.num_preemptions)
+                             s.arrival_time, s.first_token_time, s.finish_time, list(s.token_times), s.num_preemptions,
+                             s.num_cached_tokens)
 
     def get_output(self, request_id: str) -> RequestOutput:
         """The current state of a request."""
@@ -434,7 +457,23 @@ class LLMEngine:
                 "preemptions": tot("num_preempted"), "blocks_swapped": tot("blocks_swapped"),
                 "schedule_time": tot("schedule_time"), "prepare_time": tot("prepare_time"),
                 "forward_time": tot("forward_time"), "sample_time": tot("sample_time"),
-                "swap_bytes": self.swapper.bytes_moved if self.swapper is not None else 0}
+                "swap_bytes": self.swapper.bytes_moved if self.swapper is not None else 0,
+                **self.prefix_cache_stats()}
+
+    def prefix_cache_stats(self) -> dict:
+        """Prefix-cache counters (zeros when caching is off): lookups, hits, tokens served, hit rate."""
+        st = getattr(self.allocator, "stats", None)
+        if st is None:
+            return {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_tokens": 0,
+                    "prefix_cache_query_tokens": 0, "prefix_cache_hit_rate": 0.0, "prefix_cache_evictions": 0}
+        return {"prefix_cache_queries": st.requests, "prefix_cache_hits": st.requests_hit,
+                "prefix_cache_hit_tokens": st.hit_tokens, "prefix_cache_query_tokens": st.query_tokens,
+                "prefix_cache_hit_rate": st.hit_rate, "prefix_cache_evictions": st.evictions}
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block nobody holds (vLLM's `reset_prefix_cache`); a no-op when caching is off."""
+        if self.enable_prefix_caching:
+            self.allocator.reset_cache()
 
 
 def _model_device(model: Any) -> torch.device:

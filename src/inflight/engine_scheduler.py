@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
 from .blocks import BlockAllocator
+from .prefix_cache import ROOT_KEY, block_key
 from .sequence import Sequence, SequenceStatus, check_stop
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
@@ -42,6 +43,7 @@ class SchedulerConfig:
     watermark_blocks: int = 0
     max_model_len: int = 2048
     eos_token_ids: frozenset[int] = frozenset()
+    enable_prefix_caching: bool = False  # needs a PrefixCachingBlockAllocator
 
     def __post_init__(self) -> None:
         if self.preemption not in ("recompute", "swap"):
@@ -119,6 +121,8 @@ class Scheduler:
                  cpu_allocator: BlockAllocator | None = None, swapper: Swapper | None = None):
         if config.preemption == "swap" and cpu_allocator is None:
             raise ValueError("preemption='swap' needs a cpu_allocator (the CPU pool's blocks)")
+        if config.enable_prefix_caching and not hasattr(allocator, "find_cached_prefix"):
+            raise ValueError("enable_prefix_caching needs a PrefixCachingBlockAllocator (inflight.prefix_cache)")
         self.allocator = allocator
         self.cpu_allocator = cpu_allocator
         self.swapper = swapper or _NoCopy()
@@ -214,32 +218,72 @@ class Scheduler:
             self.events.swapped_in.append(s)
         if self.swapped:  # swapped requests go first: no new admissions until they are all back
             return admitted
+        caching = self.config.enable_prefix_caching
         while self.waiting and b.slots > 0 and b.tokens > 0:
             s = self.waiting[0]
-            q = self._chunk(s, b)
-            need = -(-(s.num_computed_tokens + q) // self.block_size) - len(s.block_table)
-            if q == 0 or need > b.blocks or not self._can_allocate(need):
+            hit, cached = self._cached_prefix(s) if caching else ([], 0)
+            q = self._chunk(s, b, cached)
+            # reviving a cached block nobody holds uses up a free block, just like a new one
+            need = -(-(cached + q) // self.block_size) - len(hit)
+            cost = need + (self.allocator.blocks_to_revive(hit) if hit else 0)
+            if q == 0 or cost > b.blocks or not self._can_allocate(cost):
                 break
             self.waiting.pop(0)
-            self.allocate_prompt(s, need)
-            self._join(s, q, need, b)
+            self.allocate_prompt(s, need, hit, cached)
+            self._join(s, q, cost, b)
             admitted.append(s)
         self.events.admitted.extend(admitted)
         return admitted
 
-    def allocate_prompt(self, s: Sequence, need: int) -> None:
-        """Give an admitted request the blocks for its first chunk. (A prefix cache overrides this:
-        look up the longest cached prefix, share those blocks, advance `num_computed_tokens`.)"""
+    def allocate_prompt(self, s: Sequence, need: int, hit: list[int] = (), cached: int = 0) -> None:
+        """Give an admitted request the blocks for its first chunk: the `hit` blocks of the prefix
+        cache (shared, covering `cached` tokens, which need no computing) and `need` new ones."""
+        if self.config.enable_prefix_caching:
+            self.allocator.acquire(hit)  # before allocate(), which could otherwise evict the hit
+            self.allocator.record_lookup(s.num_tokens, cached)
+            s.block_table, s.num_computed_tokens = list(hit), cached
+            s.num_cached_blocks, s.num_cached_tokens = len(hit), cached
         s.block_table.extend(self.allocator.allocate(need))
 
-    def _chunk(self, s: Sequence, b: Budget) -> int:
-        """Tokens `s` would compute this step: all that remain, or a chunk that fits the token budget."""
-        remaining = s.num_tokens - s.num_computed_tokens
+    def _chunk(self, s: Sequence, b: Budget, cached: int = 0) -> int:
+        """Tokens `s` would compute this step (after `cached` tokens from the prefix cache): all that
+        remain, or a chunk that fits the token budget."""
+        remaining = s.num_tokens - max(s.num_computed_tokens, cached)
         if self.config.enable_chunked_prefill:
             return min(remaining, b.tokens)
         if remaining <= b.tokens or b.tokens == self.config.max_batched_tokens:
             return remaining  # (an over-long prompt may run alone in an otherwise empty step)
         return 0
+
+    # -- prefix caching -------------------------------------------------------------------------
+    def _hashes(self, s: Sequence, num_blocks: int) -> list[bytes]:
+        """`s.block_hashes` extended to its first `num_blocks` full blocks (each key computed once)."""
+        bs, keys = self.block_size, s.block_hashes
+        while len(keys) < num_blocks:
+            i = len(keys)
+            keys.append(block_key(keys[-1] if keys else ROOT_KEY, s.token_ids[i * bs:(i + 1) * bs]))
+        return keys
+
+    def _cached_prefix(self, s: Sequence) -> tuple[list[int], int]:
+        """The cached blocks `s` can start from and the tokens they cover (never its last token)."""
+        usable = (s.num_tokens - 1) // self.block_size
+        blocks = []
+        for key in self._hashes(s, usable):
+            b = self.allocator.lookup(key)
+            if b is None:
+                break
+            blocks.append(b)
+        return blocks, len(blocks) * self.block_size
+
+    def _cache_full_blocks(self, s: Sequence) -> None:
+        """After a forward pass: make every block of `s` that is now full findable by its content key."""
+        full = min(s.num_computed_tokens // self.block_size, len(s.block_table))
+        if s.num_cached_blocks >= full:
+            return
+        keys = self._hashes(s, full)
+        for i in range(s.num_cached_blocks, full):
+            self.allocator.cache_block(s.block_table[i], keys[i])  # False for a duplicate: it stays private
+        s.num_cached_blocks = full
 
     def _can_allocate(self, need: int) -> bool:
         if self.allocator.can_allocate(need):
@@ -300,6 +344,7 @@ class Scheduler:
             self.swapper.swap_out(list(zip(s.block_table[:keep], cpu_blocks)))
             self.allocator.free(s.block_table)
             s.block_table = []
+            s.num_cached_blocks = 0
             s.cpu_block_table = cpu_blocks
             s.status = SequenceStatus.SWAPPED
             self.events.blocks_swapped_out += keep
@@ -307,6 +352,7 @@ class Scheduler:
         else:  # recompute (or the CPU pool is full): forget the KV, prefill everything again later
             self.allocator.free(s.block_table)
             s.block_table = []
+            s.num_cached_blocks = 0
             s.num_computed_tokens = 0
             s.status = SequenceStatus.WAITING
             bisect.insort(self.waiting, s, key=_key)  # its early arrival puts it at the front
@@ -349,8 +395,11 @@ class Scheduler:
         eos, max_len = self.config.eos_token_ids, self.config.max_model_len
         it = iter(sampled)
         touched = []
+        caching = self.config.enable_prefix_caching
         for s in out.seqs:  # (the plan, num_scheduled_tokens, stays until the next budget replaces it)
             s.num_computed_tokens += s.num_scheduled_tokens
+            if caching:
+                self._cache_full_blocks(s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
             token = next(it)
@@ -377,6 +426,7 @@ class Scheduler:
         if s.block_table:
             self.allocator.free(s.block_table)
             s.block_table = []
+            s.num_cached_blocks = 0
         if s.cpu_block_table and self.cpu_allocator is not None:
             self.cpu_allocator.free(s.cpu_block_table)
             s.cpu_block_table = []
@@ -405,6 +455,13 @@ class Scheduler:
         for s in self.swapped:
             assert s.status is SequenceStatus.SWAPPED and not s.block_table, f"swapped {s.request_id} holds device blocks"
             assert len(s.cpu_block_table) == -(-s.num_computed_tokens // bs), f"swapped {s.request_id}: wrong CPU blocks"
+        if self.config.enable_prefix_caching:
+            self.allocator.check_invariants()  # free / evictable / in use add up, key maps agree
+            for s in self.running:  # a cached block holds exactly the content its key names
+                for i, b in enumerate(s.block_table):
+                    key = self.allocator.key_of(b)
+                    assert key is None or (i < len(s.block_hashes) and key == s.block_hashes[i]), \
+                        f"request {s.request_id}: block {b} (logical {i}) is cached under another prefix's key"
         for b, n in owners.items():
             assert self.allocator.ref_count(b) == n, f"block {b} owned {n} times, ref count {self.allocator.ref_count(b)}"
         assert self.allocator.num_free + len(owners) == self.allocator.num_blocks, (

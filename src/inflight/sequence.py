@@ -32,7 +32,8 @@ class Sequence:
     __slots__ = ("request_id", "prompt_token_ids", "token_ids", "num_prompt_tokens", "params", "arrival_time",
                  "status", "num_computed_tokens", "num_scheduled_tokens", "block_table", "cpu_block_table",
                  "generator", "first_token_time", "token_times", "finish_time", "finish_reason", "seq_no",
-                 "num_preemptions", "sort_key")
+                 "num_preemptions", "sort_key", "priority", "block_hashes", "num_cached_blocks",
+                 "num_cached_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams", arrival_time: float,
                  seq_no: int = 0, generator: "torch.Generator | None" = None):
@@ -43,7 +44,8 @@ class Sequence:
         self.params = params
         self.arrival_time = arrival_time
         self.seq_no = seq_no  # submission order: breaks arrival-time ties deterministically
-        self.sort_key = (params.priority, arrival_time, seq_no)  # lower = served first
+        self.priority = params.priority
+        self.sort_key = (params.priority, arrival_time, seq_no)  # lower = served first (see fairness.priority_key)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0   # tokens whose K/V are in the cache
         self.num_scheduled_tokens = 0  # tokens this step's forward pass will compute
@@ -55,6 +57,12 @@ class Sequence:
         self.finish_time: float | None = None
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"; set when the last token is sampled
         self.num_preemptions = 0
+        # prefix caching: content keys of the full blocks of token_ids (they never change once the
+        # tokens exist, so they survive preemption), how many of the blocks in block_table are known
+        # to the cache, and how many prompt tokens the last admission took from the cache
+        self.block_hashes: list[bytes] = []
+        self.num_cached_blocks = 0
+        self.num_cached_tokens = 0
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,197 @@
+"""`python -m inflight.bench_prefix`: what prefix caching buys, measured on our engine.
+
+Two workloads with the same lengths, each run with prefix caching off and on:
+
+* `shared_system_prompt` — every request is one long system prompt + a short user turn of its own,
+* `share_nothing`        — every prompt is unrelated (the cache can only cost, never help).
+
+Requests arrive one every `arrival_every` engine steps (so later requests find earlier ones' blocks
+cached, as on a live server). Reported per run: prefill tokens computed, TTFT (mean/p50/p99),
+output throughput, the cache hit rate; and a check that greedy outputs are identical on and off.
+
+    python -m inflight.bench_prefix              # full size, prints a table, saves JSON
+    python -m inflight.bench_prefix --quick      # CI / notebook size (a few seconds on a CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .fairness import percentile
+
+__all__ = ["PrefixWorkload", "shared_prefix_workload", "share_nothing_workload", "run_workload", "collect",
+           "report", "main"]
+
+
+@dataclass
+class PrefixWorkload:
+    """Prompts (token ids), one output length for all, and the engine step each request arrives at."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int
+    arrival_steps: list[int]
+    shared_len: int = 0  # tokens every prompt has in common at the start
+
+
+def _ids(rng: random.Random, n: int, vocab_size: int) -> list[int]:
+    return [rng.randrange(1, vocab_size) for _ in range(n)]  # 0 is often EOS/padding: avoid it
+
+
+def shared_prefix_workload(n: int = 32, system_len: int = 192, user_len: int = 16, output_len: int = 16,
+                           vocab_size: int = 257, seed: int = 0, arrival_every: int = 1) -> PrefixWorkload:
+    """`n` requests = one shared `system_len`-token system prompt + their own `user_len` tokens."""
+    rng = random.Random(f"prefix-shared-{seed}")
+    system = _ids(rng, system_len, vocab_size)
+    prompts = [system + _ids(rng, user_len, vocab_size) for _ in range(n)]
+    return PrefixWorkload("shared_system_prompt", prompts, output_len, [i * arrival_every for i in range(n)], system_len)
+
+
+def share_nothing_workload(n: int = 32, system_len: int = 192, user_len: int = 16, output_len: int = 16,
+                           vocab_size: int = 257, seed: int = 0, arrival_every: int = 1) -> PrefixWorkload:
+    """The same lengths as `shared_prefix_workload`, but every prompt is unrelated to the others."""
+    rng = random.Random(f"prefix-nothing-{seed}")
+    prompts = [_ids(rng, system_len + user_len, vocab_size) for _ in range(n)]
+    return PrefixWorkload("share_nothing", prompts, output_len, [i * arrival_every for i in range(n)], 0)
+
+
+def run_workload(model: Any, workload: PrefixWorkload, *, enable_prefix_caching: bool, block_size: int = 16,
+                 num_blocks: int | None = None, max_batch_size: int = 8, max_batched_tokens: int = 512,
+                 tokenizer: Any = None) -> dict[str, Any]:
+    """Serve `workload` on a fresh `LLMEngine`, feeding requests at their arrival steps; measure it."""
+    from .engine import LLMEngine
+    from .sampling import SamplingParams
+
+    if num_blocks is None:  # room for a full batch of private prompts: caching must win by compute, not by memory
+        longest = max(len(p) for p in workload.prompts) + workload.max_tokens
+        num_blocks = max_batch_size * -(-longest // block_size) + 1
+    engine = LLMEngine(model, block_size=block_size, num_blocks=num_blocks, max_batch_size=max_batch_size,
+                       max_batched_tokens=max_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+                       tokenizer=tokenizer)
+    sp = SamplingParams(max_tokens=workload.max_tokens, ignore_eos=True)
+    order = sorted(range(len(workload.prompts)), key=lambda i: workload.arrival_steps[i])
+    ids: dict[int, str] = {}
+    nxt, step = 0, 0
+    start = time.perf_counter()
+    while nxt < len(order) or engine.has_unfinished_requests():
+        while nxt < len(order) and workload.arrival_steps[order[nxt]] <= step:
+            i = order[nxt]
+            ids[i] = engine.add_request(workload.prompts[i], sp)
+            nxt += 1
+        engine.step()
+        step += 1
+    wall = time.perf_counter() - start
+    outs = [engine.get_output(ids[i]) for i in range(len(workload.prompts))]
+    ttfts = [o.ttft for o in outs]
+    s = engine.summary()
+    gen = sum(len(o.token_ids) for o in outs)
+    return {
+        "workload": workload.name, "prefix_caching": enable_prefix_caching, "requests": len(outs),
+        "prompt_tokens": sum(len(p) for p in workload.prompts), "prefill_tokens": s["prefill_tokens"],
+        "output_tokens": gen, "steps": s["steps"], "wall_s": wall, "output_tokens_per_s": gen / wall,
+        "ttft_mean_s": sum(ttfts) / len(ttfts), "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+        "hit_rate": s["prefix_cache_hit_rate"], "hit_tokens": s["prefix_cache_hit_tokens"],
+        "evictions": s["prefix_cache_evictions"], "num_blocks": num_blocks, "block_size": block_size,
+        "preemptions": s["preemptions"], "ttfts_s": ttfts,
+        # the engine's own work outside the model (scheduling incl. cache lookups, bookkeeping incl. caching
+        # full blocks, sampling), per step: what prefix caching adds when nothing is shared
+        "overhead_ms_per_step": 1e3 * (s["schedule_time"] + s["sample_time"]) / max(s["steps"], 1),
+        "token_ids": [o.token_ids for o in outs],
+    }
+
+
+def _model(model: Any, device: str | None, seed: int) -> tuple[Any, str]:
+    if model is not None:
+        cfg = model.config
+        return model, (f"{type(model).__name__} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+                       f"vocab {cfg.vocab_size})")
+    try:
+        from .loading import load_tiny
+
+        m, _ = load_tiny(device=device or "cpu")
+        return m.eval(), "inflight tiny model (load_tiny)"
+    except Exception as exc:  # the shipped model may not be there on a development checkout
+        from .bench import random_model
+
+        return random_model(seed, device=device), f"random 4-layer 256-wide Llama (load_tiny failed: {exc})"
+
+
+def collect(model: Any = None, quick: bool = False, seed: int = 0, device: str | None = None,
+            **sizes: Any) -> dict[str, Any]:
+    """Both workloads, caching off and on. `sizes` override n / system_len / user_len / output_len /
+    arrival_every / block_size / max_batch_size. Returns plain data (JSON-able)."""
+    model, desc = _model(model, device, seed)
+    n = sizes.pop("n", 16 if quick else 48)
+    system_len = sizes.pop("system_len", 128 if quick else 256)
+    user_len = sizes.pop("user_len", 16 if quick else 32)
+    output_len = sizes.pop("output_len", 8 if quick else 32)
+    every = sizes.pop("arrival_every", 2)
+    engine_kw = {k: sizes.pop(k) for k in ("block_size", "max_batch_size", "max_batched_tokens", "num_blocks")
+                 if k in sizes}
+    if sizes:
+        raise TypeError(f"unknown size arguments: {sorted(sizes)}")
+    limit = getattr(model.config, "max_position_embeddings", 10**9)
+    if system_len + user_len + output_len > limit:
+        raise ValueError(f"prompt + output ({system_len + user_len + output_len} tokens) exceed the model's context of {limit}")
+    vocab = model.config.vocab_size
+    workloads = [shared_prefix_workload(n, system_len, user_len, output_len, vocab, seed, every),
+                 share_nothing_workload(n, system_len, user_len, output_len, vocab, seed, every)]
+    results: dict[str, Any] = {"model": desc, "device": str(getattr(model, "device", "cpu")),
+                               "sizes": {"n": n, "system_len": system_len, "user_len": user_len,
+                                         "output_len": output_len, "arrival_every": every, **engine_kw},
+                               "workloads": {}}
+    with torch.inference_mode():
+        for w in workloads:
+            off = run_workload(model, w, enable_prefix_caching=False, **engine_kw)
+            on = run_workload(model, w, enable_prefix_caching=True, **engine_kw)
+            same = off.pop("token_ids") == on.pop("token_ids")
+            results["workloads"][w.name] = {
+                "off": off, "on": on, "outputs_identical": same,
+                "prefill_saved": 1 - on["prefill_tokens"] / off["prefill_tokens"],
+                "ttft_speedup": off["ttft_mean_s"] / on["ttft_mean_s"],
+                "throughput_speedup": on["output_tokens_per_s"] / off["output_tokens_per_s"]}
+    return results
+
+
+def report(res: dict[str, Any]) -> str:
+    """A plain-text table of `collect`'s results."""
+    lines = [f"prefix caching on {res['model']} ({res['device']}), sizes {res['sizes']}",
+             f"{'workload':22} {'caching':8} {'prefill tok':>11} {'hit rate':>8} {'TTFT mean':>10} {'TTFT p99':>9} "
+             f"{'out tok/s':>10}"]
+    for name, w in res["workloads"].items():
+        for key in ("off", "on"):
+            r = w[key]
+            lines.append(f"{name:22} {key:8} {r['prefill_tokens']:>11} {r['hit_rate']:>8.1%} "
+                         f"{r['ttft_mean_s'] * 1e3:>8.1f}ms {r['ttft_p99_s'] * 1e3:>7.1f}ms {r['output_tokens_per_s']:>10.1f}")
+        lines.append(f"{'':22} prefill saved {w['prefill_saved']:.1%}, TTFT x{w['ttft_speedup']:.2f}, "
+                     f"throughput x{w['throughput_speedup']:.2f}, outputs identical: {w['outputs_identical']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inflight.bench_prefix", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (CI, notebooks)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-n", "--num-requests", type=int, default=None)
+    p.add_argument("--system-len", type=int, default=None)
+    p.add_argument("--output", default="bench_prefix.json", help="where to save the JSON results")
+    a = p.parse_args(argv)
+    sizes = {k: v for k, v in (("n", a.num_requests), ("system_len", a.system_len)) if v is not None}
+    torch.manual_seed(a.seed)
+    res = collect(quick=a.quick, seed=a.seed, device=a.device, **sizes)
+    print(report(res))
+    Path(a.output).write_text(json.dumps(res, indent=1, default=str))
+    print(f"saved {a.output}")
+    return 0 if all(w["outputs_identical"] for w in res["workloads"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
