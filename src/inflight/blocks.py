@@ -7,8 +7,9 @@ blocks involved — never the whole pool — so they cost the same with 100 or 1
 
 Reference counts let several sequences share a block (prefix caching, beam search): `free`
 decrements, and a block returns to the free list only when nobody holds it any more. Content
-hashes for prefix caching belong in `_take_free_block` / `_release_block` (a subclass can keep
-released blocks findable by hash until they are reused); they are not implemented here.
+keys for prefix caching live in the subclass `inflight.prefix_cache.PrefixCachingBlockAllocator`,
+which hooks `_take_free_block` / `_release_block` to keep released blocks findable by key until
+they are reused.
 """
 from __future__ import annotations
 

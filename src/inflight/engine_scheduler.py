@@ -7,6 +7,8 @@ Each step is its own short method so the book can show it and an exercise can re
                requests' next tokens minus a watermark, the token budget, the free batch slots.
 3. `admit`   — swapped-out requests come back first, then waiting ones in (priority, arrival)
                order, while slots, tokens and blocks allow; prompts may be prefilled in chunks.
+               With prefix caching, a request starts from the longest cached prefix of its
+               tokens (shared blocks) and only the rest is allocated and computed.
 4. `preempt` — give every running request the blocks its next tokens need; when the pool is dry,
                evict the lowest-priority (latest-arrived) running request by recompute or swap.
 5. decode    — `batch()` describes the ragged batch (prefill chunks + decode tokens) for the model,
