@@ -127,3 +127,13 @@ def test_dispatcher_rejects_bad_backend_requests():
         attn.attention(q, kc, vc, meta, 1.0, backend="triton")
     with pytest.raises(ValueError, match="multiple of"):
         attn.paged_attention(torch.randn(3, 3, 8), kc.expand(-1, -1, 2, -1), vc.expand(-1, -1, 2, -1), meta, 1.0)
+
+
+def test_default_budget_on_cpu_is_a_capped_share_of_ram():
+    from inflight.kv_cache import default_kv_budget_bytes
+
+    budget = default_kv_budget_bytes("cpu")
+    assert 0 < budget <= 1 << 30
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    cache = KVCache.from_memory_budget(cfg, block_size=16, budget_bytes=None)
+    assert cache.nbytes <= budget < cache.nbytes + cache.bytes_per_block
