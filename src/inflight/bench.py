@@ -591,7 +591,7 @@ def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -
         "engine_stats": rec.engine_stats,
         "notes": rec.notes,
         "ttft_s": ttft, "tpot_s": tpot,
-        "batch_over_time": {"t": rec.step_time, "batch": rec.step_batch},
+        "batch_over_time": _thin({"t": rec.step_time, "batch": rec.step_batch}),
     }
     es = rec.engine_stats
     if es.get("forward_time") is not None:  # the engine's own split of its steps
@@ -611,6 +611,13 @@ def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -
             out[key] = None
         out["ttft_s"], out["tpot_s"] = [], []
     return out
+
+
+def _thin(series: dict[str, list], limit: int = 1500) -> dict[str, list]:
+    """Every k-th point of parallel lists so that at most `limit` remain (keeps the JSON small)."""
+    n = len(next(iter(series.values()), []))
+    k = max(1, -(-n // limit))
+    return {key: vals[::k] for key, vals in series.items()}
 
 
 def ideal_speedup(workload: Workload, batch_size: int) -> dict[str, Any]:
@@ -714,12 +721,22 @@ def load_model(cfg: BenchConfig) -> tuple[Any, str]:
 
         return load_pretrained(cfg.model, device=device, dtype=dtype).eval(), cfg.model
     try:
-        from .loading import load_tiny
+        from .loading import TINY_PATH, load_tiny
 
         model, _tok = load_tiny()
+        model.weights_sha256 = _sha256(TINY_PATH / "model.safetensors")
         return model.to(device).eval(), "inflight tiny model (load_tiny)"
     except Exception as exc:  # the shipped model may not exist yet on a development checkout
         return random_model(cfg.seed, device=device), f"random 4-layer 256-wide Llama (load_tiny failed: {exc})"
+
+
+def _sha256(path: Path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _machine() -> dict[str, Any]:
@@ -833,6 +850,7 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True,
         "config": {k: v for k, v in asdict(cfg).items()},
         "model": {"source": model_desc, "device": str(model.device), "dtype": str(model.dtype),
                   "parameters": sum(p.numel() for p in model.parameters()),
+                  "weights_sha256": getattr(model, "weights_sha256", None),
                   "config": {k: getattr(mcfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                           "num_hidden_layers", "num_attention_heads",
                                                           "num_key_value_heads", "head_dim",
