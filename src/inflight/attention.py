@@ -4,6 +4,10 @@ The reference gathers every sequence's keys and values through its block table w
 operation for the whole batch (padded to the longest context, with a mask), then runs one batched
 `scaled_dot_product_attention`. No Python loop over tokens or sequences: the same code serves a
 prefill of 500 tokens, 64 decodes, or both at once.
+
+A batch that mixes decodes (one query each) with prefill chunks is split in two before that: padding
+63 decodes to the length of one 100-token chunk would compute 64 x 100 query rows instead of 163, and
+continuous batching mixes the two in almost every step.
 """
 from __future__ import annotations
 
@@ -40,6 +44,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     nb, bs, kvh, _ = k_cache.shape
     if H % kvh:
         raise ValueError(f"{H} query heads is not a multiple of {kvh} kv heads")
+    split = None if meta.is_decode else _split_decode_prefill(meta)
+    if split is not None:  # decodes without padding, prefill chunks padded only among themselves
+        out = q.new_empty(T, H, D)
+        for part, tokens in split:
+            out[tokens] = paged_attention(q.index_select(0, tokens), k_cache, v_cache, part, scale)
+        return out
     g = H // kvh
     d = meta.derived()
     S, Q, L = meta.num_seqs, meta.max_query_len, meta.max_context_len
@@ -62,6 +72,41 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out.reshape(T, H, D)
     out = out.view(S, kvh, g, Q, D).permute(0, 3, 1, 2, 4).reshape(S, Q, H, D)
     return out[d["tok_seq"], d["tok_idx"]]
+
+
+def _subset(meta: AttentionMetadata, seqs: list[int], tokens: torch.Tensor) -> AttentionMetadata:
+    """The metadata of some of a batch's sequences (their tokens: `tokens`, positions in the flat batch)."""
+    dev = meta.context_lens.device
+    idx = torch.tensor(seqs, dtype=torch.long, device=dev)
+    q = [meta.query_lens[i] for i in seqs]
+    c = [meta.context_lens_list[i] for i in seqs]
+    starts = torch.zeros(len(q) + 1, dtype=torch.int32)
+    starts[1:] = torch.cumsum(torch.tensor(q, dtype=torch.int32), 0)
+    width = -(-max(c) // meta.block_size)  # only the block-table columns these sequences use
+    return AttentionMetadata(
+        query_start_loc=starts.to(dev), context_lens=meta.context_lens.index_select(0, idx),
+        block_tables=meta.block_tables.index_select(0, idx)[:, :width].contiguous(),
+        slot_mapping=meta.slot_mapping.index_select(0, tokens), positions=meta.positions.index_select(0, tokens),
+        max_query_len=max(q), max_context_len=max(c), is_decode=all(x == 1 for x in q),
+        block_size=meta.block_size, query_lens=q, context_lens_list=c)
+
+
+def _split_decode_prefill(meta: AttentionMetadata):
+    """[(decode part, its token indices), (prefill part, its token indices)] for a batch that mixes
+    both, else None. Computed once per step and shared by every layer."""
+    cache = meta._derived
+    if "split" not in cache:
+        decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
+        prefill = [i for i, n in enumerate(meta.query_lens) if n > 1]
+        if not decode or not prefill:
+            cache["split"] = None
+        else:
+            starts = meta.query_start_loc.tolist()
+            dev = meta.slot_mapping.device
+            dec_tok = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=dev)
+            pre_tok = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in prefill]).to(dev)
+            cache["split"] = [(_subset(meta, decode, dec_tok), dec_tok), (_subset(meta, prefill, pre_tok), pre_tok)]
+    return cache["split"]
 
 
 def _triton_decode():

@@ -213,7 +213,7 @@ class AttentionMetadata:
         `kv_slots [S, Lmax]`: slot of each sequence's key at position p (clamped where p >= context);
         `mask [S, Qmax, Lmax]`: query j of sequence s may see key p (causal and inside the context);
         `tok_seq`, `tok_idx [T]`: where token t sits in the padded `[S, Qmax]` query grid."""
-        if self._derived:
+        if "kv_slots" in self._derived:  # (the dict also caches other per-step results)
             return self._derived
         dev = self.block_tables.device
         S, L, Q, bs = self.num_seqs, self.max_context_len, self.max_query_len, self.block_size
