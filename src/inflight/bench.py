@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import importlib
 import json
 import math
 import os
@@ -687,6 +688,7 @@ class BenchConfig:
     device: str | None = None
     dtype: str | None = None
     attention_bench: bool = True
+    prefix_bench: bool = True
     quick: bool = False
     threads: int | None = None
 
@@ -765,18 +767,28 @@ def _versions() -> dict[str, str]:
     return v
 
 
-def _attention_section(quick: bool) -> dict[str, Any]:
-    """The paged-KV chapter's figures (`inflight.bench_attention.collect`), when that module is here."""
+def _section(module: str, **kwargs: Any) -> dict[str, Any]:
+    """Another benchmark module's figures (`collect(**kwargs)` + `report`), when that module is here."""
     try:
-        from . import bench_attention
+        mod = importlib.import_module(f".{module}", __package__)
     except Exception as exc:
         return {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"}
     try:
-        res = bench_attention.collect(quick=quick)
-        text = bench_attention.report(res)
+        res = mod.collect(**kwargs)
+        text = mod.report(res)
     except Exception as exc:
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
     return {"status": "ok", "results": json.loads(json.dumps(res, default=str)), "report": text}
+
+
+def _attention_section(quick: bool) -> dict[str, Any]:
+    """The paged-KV chapter's figures (`inflight.bench_attention`)."""
+    return _section("bench_attention", quick=quick)
+
+
+def _prefix_section(quick: bool, model: Any) -> dict[str, Any]:
+    """The sharing chapter's figures (`inflight.bench_prefix`): prefix caching on vs off."""
+    return _section("bench_prefix", model=model, quick=quick)
 
 
 def _targets(results: dict[str, Any], batch_size: int) -> dict[str, Any]:
@@ -939,6 +951,8 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True,
         results["device_limits"] = {"error": f"{type(exc).__name__}: {exc}"}
     results["attention_bench"] = (_attention_section(cfg.quick) if cfg.attention_bench
                                   else {"status": "skipped"})
+    results["prefix_caching"] = (_prefix_section(cfg.quick, model) if cfg.prefix_bench
+                                 else {"status": "skipped"})
     results["targets"] = _targets(results, cfg.batch_size)
     with contextlib.suppress(OSError, AttributeError):
         results["machine"]["loadavg_end"] = list(os.getloadavg())
@@ -1052,6 +1066,11 @@ def format_report(results: dict[str, Any]) -> str:
                 + (f" ({att.get('error')})" if att.get("error") else "")]
     if att.get("report"):
         out.append(att["report"])
+    pre = results.get("prefix_caching", {})
+    out += ["", f"prefix caching (inflight.bench_prefix): {pre.get('status')}"
+                + (f" ({pre.get('error')})" if pre.get("error") else "")]
+    if pre.get("report"):
+        out.append(pre["report"])
     out += ["", "targets:"]
     for k, v in results.get("targets", {}).items():
         out.append(f"  {k}: {json.dumps(v, default=lambda x: round(x, 3) if isinstance(x, float) else str(x))}")
@@ -1108,6 +1127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--no-attention-bench", action="store_true")
+    p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
     p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json)")
     args = p.parse_args(argv)
     cfg = quick_config() if args.quick else BenchConfig()
@@ -1126,6 +1146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(cfg, name, value)
     cfg.seed, cfg.model, cfg.device, cfg.dtype, cfg.threads = args.seed, args.model, args.device, args.dtype, args.threads
     cfg.attention_bench = not args.no_attention_bench
+    cfg.prefix_bench = not args.no_prefix_bench
     results = run_benchmark(cfg)
     print()
     print(format_report(results))
