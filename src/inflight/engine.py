@@ -268,7 +268,9 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise TypeError("a string prompt needs a tokenizer: pass tokenizer=... to LLMEngine, or give token ids")
-            return list(self.tokenizer.encode(prompt))
+            # serving engines encode prompts with the tokenizer's special tokens (BOS)
+            encode = getattr(self.tokenizer, "encode_prompt", self.tokenizer.encode)
+            return list(encode(prompt))
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.flatten().tolist()
         if not isinstance(prompt, Iterable):

@@ -29,6 +29,10 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return ([self.bos_token_id] if add_bos else []) + ids + ([self.eos_token_id] if add_eos else [])
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt as the model saw documents in training: end-of-text (the document separator) first."""
+        return self.encode(text, add_bos=True)
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; a cut-off multi-byte character shows as U+FFFD instead of raising."""
         out = bytearray()
@@ -67,6 +71,10 @@ class HFTokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt with the checkpoint's special tokens (BOS for Llama), as serving engines encode it."""
+        return self.encode(text, add_special_tokens=True)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
