@@ -5,9 +5,13 @@ operation for the whole batch (padded to the longest context, with a mask), then
 `scaled_dot_product_attention`. No Python loop over tokens or sequences: the same code serves a
 prefill of 500 tokens, 64 decodes, or both at once.
 
-A batch that mixes decodes (one query each) with prefill chunks is split in two before that: padding
-63 decodes to the length of one 100-token chunk would compute 64 x 100 query rows instead of 163, and
-continuous batching mixes the two in almost every step.
+Two splits keep the padding small, both computed once per step and shared by every layer:
+- a batch that mixes decodes (one query each) with prefill chunks runs them apart: padding 63
+  decodes to the length of one 100-token chunk would compute 64 x 100 query rows instead of 163, and
+  continuous batching mixes the two in almost every step;
+- many decodes are grouped by context length (a few groups of similar lengths), because with
+  long-tailed lengths one 400-token context would otherwise make every short sequence gather and
+  score 400 keys.
 """
 from __future__ import annotations
 
@@ -44,8 +48,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     nb, bs, kvh, _ = k_cache.shape
     if H % kvh:
         raise ValueError(f"{H} query heads is not a multiple of {kvh} kv heads")
-    split = None if meta.is_decode else _split_decode_prefill(meta)
-    if split is not None:  # decodes without padding, prefill chunks padded only among themselves
+    split = _partition(meta)
+    if split is not None:  # decodes apart from prefill chunks, in groups of similar context length
         out = q.new_empty(T, H, D)
         for part, tokens in split:
             out[tokens] = paged_attention(q.index_select(0, tokens), k_cache, v_cache, part, scale)
@@ -83,30 +87,49 @@ def _subset(meta: AttentionMetadata, seqs: list[int], tokens: torch.Tensor) -> A
     starts = torch.zeros(len(q) + 1, dtype=torch.int32)
     starts[1:] = torch.cumsum(torch.tensor(q, dtype=torch.int32), 0)
     width = -(-max(c) // meta.block_size)  # only the block-table columns these sequences use
-    return AttentionMetadata(
+    part = AttentionMetadata(
         query_start_loc=starts.to(dev), context_lens=meta.context_lens.index_select(0, idx),
         block_tables=meta.block_tables.index_select(0, idx)[:, :width].contiguous(),
         slot_mapping=meta.slot_mapping.index_select(0, tokens), positions=meta.positions.index_select(0, tokens),
         max_query_len=max(q), max_context_len=max(c), is_decode=all(x == 1 for x in q),
         block_size=meta.block_size, query_lens=q, context_lens_list=c)
+    part._derived["parts"] = None  # a part is never split again
+    return part
 
 
-def _split_decode_prefill(meta: AttentionMetadata):
-    """[(decode part, its token indices), (prefill part, its token indices)] for a batch that mixes
-    both, else None. Computed once per step and shared by every layer."""
+MIN_GROUP = 16  # decodes per length group: fewer would cost more in calls than they save in padding
+MAX_GROUPS = 8
+
+
+def _length_groups(seqs: list[int], lens: list[int]) -> list[list[int]]:
+    """Sequences sorted by context length and cut into at most MAX_GROUPS groups of equal size."""
+    n_groups = max(1, min(MAX_GROUPS, len(seqs) // MIN_GROUP))
+    order = sorted(seqs, key=lambda i: lens[i])
+    size = -(-len(order) // n_groups)
+    return [order[k:k + size] for k in range(0, len(order), size)]
+
+
+def _partition(meta: AttentionMetadata):
+    """[(part, its token indices in the flat batch), ...] when the batch is worth splitting, else None.
+    Computed once per step and shared by every layer (it lives in the metadata's per-step cache)."""
     cache = meta._derived
-    if "split" not in cache:
+    if "parts" not in cache:
         decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
         prefill = [i for i, n in enumerate(meta.query_lens) if n > 1]
-        if not decode or not prefill:
-            cache["split"] = None
+        groups = _length_groups(decode, meta.context_lens_list) if decode else []
+        if prefill:
+            groups.append(prefill)
+        if len(groups) < 2:
+            cache["parts"] = None
         else:
             starts = meta.query_start_loc.tolist()
             dev = meta.slot_mapping.device
-            dec_tok = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=dev)
-            pre_tok = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in prefill]).to(dev)
-            cache["split"] = [(_subset(meta, decode, dec_tok), dec_tok), (_subset(meta, prefill, pre_tok), pre_tok)]
-    return cache["split"]
+            parts = []
+            for seqs in groups:
+                tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(dev)
+                parts.append((_subset(meta, seqs, tokens), tokens))
+            cache["parts"] = parts
+    return cache["parts"]
 
 
 def _triton_decode():
