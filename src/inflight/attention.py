@@ -132,7 +132,12 @@ def _partition(meta: AttentionMetadata):
     return cache["parts"]
 
 
+_triton_failed: str | None = None  # set when the kernel raised on this machine: "auto" stops trying it
+
+
 def _triton_decode():
+    if _triton_failed is not None:
+        return None
     try:
         from .triton_attention import paged_decode_attention  # written by the paged-KV chapter
     except Exception:  # module missing, triton missing or broken: fall back to the reference
@@ -145,14 +150,25 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
     """Dispatch: the Triton decode kernel for decode-only batches on CUDA (when available), else the reference.
 
     `backend` = "auto" | "torch" | "triton" ("triton" raises if the kernel can't run here)."""
-    global _last_backend
+    global _last_backend, _triton_failed
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     if backend != "torch" and meta.is_decode and (q.is_cuda or backend == "triton"):
         kernel = _triton_decode()
         if kernel is not None:
-            _last_backend = "triton"
-            return kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+            if backend == "triton":
+                _last_backend = "triton"
+                return kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+            try:
+                out = kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+                _last_backend = "triton"
+                return out
+            except Exception as exc:  # e.g. a Triton/driver combination that can't compile it (old GPUs)
+                import warnings
+
+                _triton_failed = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"the Triton decode kernel failed here ({_triton_failed[:300]}); "
+                              "using the plain-torch reference attention from now on", RuntimeWarning, stacklevel=2)
         if backend == "triton":
             raise RuntimeError("backend='triton' asked for, but inflight.triton_attention could not be imported")
     elif backend == "triton":

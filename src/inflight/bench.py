@@ -727,7 +727,7 @@ def load_model(cfg: BenchConfig) -> tuple[Any, str]:
 
         model, _tok = load_tiny()
         model.weights_sha256 = _sha256(TINY_PATH / "model.safetensors")
-        return model.to(device).eval(), "inflight tiny model (load_tiny)"
+        return model.to(device, dtype).eval(), "inflight tiny model (load_tiny)"
     except Exception as exc:  # the shipped model may not exist yet on a development checkout
         return random_model(cfg.seed, device=device), f"random 4-layer 256-wide Llama (load_tiny failed: {exc})"
 

@@ -15,6 +15,18 @@ def pick_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def half_dtype(device=None):
+    """The 16-bit dtype a GPU runs fast: bfloat16 from Ampere on (compute capability 8.0), float16
+    before (T4, V100), where bfloat16 is only emulated and Triton's `tl.dot` lacks it; CPU: bfloat16."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda":
+        return torch.bfloat16
+    major, _minor = torch.cuda.get_device_capability(dev)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
 def describe_device() -> str:
     """One line naming the accelerator (or CPU) this notebook runs on; printed by the setup cell."""
     try:

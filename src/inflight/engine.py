@@ -131,7 +131,7 @@ class LLMEngine:
     tokens (capped by `kv_cache.default_kv_budget_bytes`). `watermark` is the fraction of the pool
     admission leaves free so that running requests can grow without being preempted at once.
     `swap_blocks` sizes the CPU pool of `preemption="swap"` (default: as many blocks as the device
-    pool); when it is full, a victim is recomputed instead. `max_batched_tokens` defaults to 512 with
+    pool, on CUDA capped at a quarter of the host's RAM); when it is full, a victim is recomputed instead. `max_batched_tokens` defaults to 512 with
     chunked prefill, else to the model's context. `debug=True` checks the scheduler's invariants
     after every step. A contiguous cache is `block_size=max_model_len`, `num_blocks=max_batch_size`.
 
@@ -183,6 +183,12 @@ class LLMEngine:
         cpu_alloc, self.swapper = None, None
         if preemption == "swap":
             n_cpu = num_blocks if swap_blocks is None else swap_blocks
+            if swap_blocks is None and self.device.type == "cuda":
+                # a GPU pool can be tens of GiB: mirroring it in pinned host memory could exhaust RAM
+                # (Colab has 12 GiB), so the default CPU pool takes at most a share of RAM
+                per_block = self.kv_cache.bytes_per_block
+                host = default_kv_budget_bytes("cpu", cpu_fraction=0.25, cpu_cap_bytes=16 << 30)
+                n_cpu = min(n_cpu, max(1, host // per_block))
             cpu_alloc = BlockAllocator(max(n_cpu, 1), block_size)
             self.swapper = _TensorSwapper(self.kv_cache, max(n_cpu, 1))
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_alloc, self.swapper)
@@ -200,6 +206,9 @@ class LLMEngine:
         per_block = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype) * self.block_size
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
+            # memory torch's caching allocator holds but no tensor uses (an earlier engine's cache,
+            # deleted) is free to this process, though the driver counts it as used
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
             return max(1, int(free * GPU_MEMORY_FRACTION) // per_block)
         want = max_batch_size * -(-min(CPU_DEFAULT_TOKENS_PER_REQUEST, self.max_model_len) // self.block_size)
         cap = default_kv_budget_bytes("cpu") // per_block

@@ -93,16 +93,22 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def _default_dtype(device: torch.device, raw_dtype: str | None) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32  # half precision on CPU is slow and gains nothing here
-    if raw_dtype in ("float16", "bfloat16"):
-        return getattr(torch, raw_dtype)
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    from .device import half_dtype
+
+    # bfloat16 checkpoints run in float16 where the GPU has no native bfloat16 (T4, V100), as vLLM does;
+    # torch.cuda.is_bf16_supported() says True there (emulation), so ask for the compute capability
+    fast = half_dtype(device)
+    if raw_dtype == "float16" or fast == torch.float16:
+        return torch.float16
+    return torch.bfloat16
 
 
 def load_pretrained(path_or_hub_id: str | Path, device: str | torch.device | None = None,
                     dtype: torch.dtype | None = None, with_tokenizer: bool = False):
     """A `LlamaModel` (eval mode, no grad) from a Hugging Face checkpoint folder or hub id.
 
-    device: default CUDA when present; dtype: float32 on CPU, the checkpoint's half type on CUDA.
+    device: default CUDA when present; dtype: float32 on CPU, the checkpoint's half type on CUDA
+    (float16 on GPUs without native bfloat16, such as the T4).
     With `with_tokenizer=True` returns `(model, tokenizer)`."""
     from .device import pick_device
 
