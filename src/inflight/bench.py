@@ -332,6 +332,9 @@ def to_transformers(model: Any) -> Any:
     cfg = AutoConfig.for_model(model_type, **d)
     hf = AutoModelForCausalLM.from_config(cfg, dtype=model.dtype)
     missing, unexpected = hf.load_state_dict(model.hf_state_dict(), strict=False)
+    if getattr(cfg, "tie_word_embeddings", False):  # lm_head shares the embedding (SmolLM2, Qwen2.5-0.5B)
+        hf.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
     missing = [k for k in missing if "rotary" not in k]
     if missing or unexpected:
         raise RuntimeError(f"weights don't map onto transformers' {type(hf).__name__}: missing {missing[:4]}, "
