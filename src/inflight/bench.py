@@ -153,6 +153,11 @@ class RunRecord:
     engine_stats: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    def take_instruments(self, ft: ForwardTimer, pm: PeakMemory) -> None:
+        """Copy what the forward-pass timer and the peak-memory sampler saw during the run."""
+        self.forward_seconds, self.forward_calls, self.forward_tokens = ft.seconds, ft.calls, ft.tokens
+        self.peak_memory_bytes = pm.peak_bytes
+
 
 class _Arrivals:
     """Hands out requests whose arrival time has passed, and sleeps until the next one when idle."""
@@ -244,8 +249,7 @@ def run_static(model: Any, workload: Workload, batch_size: int, max_len: int, mo
         sync(dev)
         rec.wall = time.perf_counter() - start
         rec.idle = arrivals.idle
-    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
-    rec.peak_memory_bytes = pm.peak_bytes
+    rec.take_instruments(ft, pm)
     return rec
 
 
@@ -298,8 +302,7 @@ def run_engine(model: Any, workload: Workload, *, block_size: int, num_blocks: i
         sync(dev)
         rec.wall = time.perf_counter() - start
         rec.idle = arrivals.idle
-    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
-    rec.peak_memory_bytes = pm.peak_bytes
+    rec.take_instruments(ft, pm)
     rec.engine_stats = dict(engine.summary())
     st = [s for s in engine.stats if s.batch_size]
     if st:
@@ -397,8 +400,7 @@ def run_hf_static(hf: Any, workload: Workload, batch_size: int, kv_bytes_per_tok
         sync(dev)
         rec.wall = time.perf_counter() - start
         rec.idle = arrivals.idle
-    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
-    rec.peak_memory_bytes = pm.peak_bytes
+    rec.take_instruments(ft, pm)
     return rec
 
 
@@ -464,8 +466,7 @@ def run_hf_continuous(hf: Any, workload: Workload, kv_bytes_per_token: int, kv_t
         if ts:
             rec.first_token[r.id] = ts[0] - start
             rec.finish[r.id] = ts[min(len(ts), r.output_len) - 1] - start
-    rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
-    rec.peak_memory_bytes = pm.peak_bytes
+    rec.take_instruments(ft, pm)
     rec.notes.append("batch size and token budget chosen by transformers' own defaults (WorkloadHints)")
     if kv_tokens:
         rec.kv_allocated_bytes = (kv_tokens // page_size) * page_size * kv_bytes_per_token
