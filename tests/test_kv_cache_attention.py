@@ -119,6 +119,26 @@ def test_decode_batch_matches_naive_and_uses_torch_on_cpu(block_size):
     torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.25), atol=1e-5, rtol=1e-5)
 
 
+def test_mixed_batch_sends_its_decodes_to_the_kernel(monkeypatch):
+    """Where the kernel runs (CUDA), a mixed prefill/decode step still gives all its decodes to it."""
+    calls = []
+
+    def fake_kernel(q, k_cache, v_cache, block_tables, context_lens, scale):
+        calls.append(context_lens.tolist())
+        lens = context_lens.tolist()
+        tables = [row[: -(-c // k_cache.shape[1])] for row, c in zip(block_tables.tolist(), lens)]
+        meta = AttentionMetadata.build([1] * len(lens), lens, tables, k_cache.shape[1])
+        return _naive(q, k_cache, v_cache, meta, scale)
+
+    monkeypatch.setattr(attn, "_kernel_device", lambda q: True)
+    monkeypatch.setattr(attn, "_triton_decode", lambda: fake_kernel)
+    ql, ctx = [1, 5, 1, 1, 7], [9, 12, 3, 30, 7]
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(1), ql, ctx, 4, 2, 3, 8)
+    out = attn.attention(q, kc, vc, meta, 0.3)
+    assert calls == [[9, 3, 30]]  # one kernel call with every decode, none with a prefill chunk
+    torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+
+
 def test_dispatcher_rejects_bad_backend_requests():
     q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(0), [3], [3], 4, 1, 1, 8)
     with pytest.raises(ValueError, match="backend"):

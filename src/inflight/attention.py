@@ -12,6 +12,9 @@ Two splits keep the padding small, both computed once per step and shared by eve
 - many decodes are grouped by context length (a few groups of similar lengths), because with
   long-tailed lengths one 400-token context would otherwise make every short sequence gather and
   score 400 keys.
+On CUDA the dispatcher splits a mixed batch the same way, so that its decodes still take the Triton
+kernel (which walks each context itself and needs no length groups) while its prefill chunks take
+the reference.
 """
 from __future__ import annotations
 
@@ -48,11 +51,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     nb, bs, kvh, _ = k_cache.shape
     if H % kvh:
         raise ValueError(f"{H} query heads is not a multiple of {kvh} kv heads")
-    split = _partition(meta)
-    if split is not None:  # decodes apart from prefill chunks, in groups of similar context length
-        out = q.new_empty(T, H, D)
-        for part, tokens in split:
-            out[tokens] = paged_attention(q.index_select(0, tokens), k_cache, v_cache, part, scale)
+    out = _by_parts(paged_attention, q, k_cache, v_cache, meta, scale, group_lengths=True)
+    if out is not None:  # decodes apart from prefill chunks, in groups of similar context length
         return out
     g = H // kvh
     d = meta.derived()
@@ -93,7 +93,7 @@ def _subset(meta: AttentionMetadata, seqs: list[int], tokens: torch.Tensor) -> A
         slot_mapping=meta.slot_mapping.index_select(0, tokens), positions=meta.positions.index_select(0, tokens),
         max_query_len=max(q), max_context_len=max(c), is_decode=all(x == 1 for x in q),
         block_size=meta.block_size, query_lens=q, context_lens_list=c)
-    part._derived["parts"] = None  # a part is never split again
+    part._derived.update(parts=None, parts_ungrouped=None)  # a part is never split again
     return part
 
 
@@ -109,18 +109,23 @@ def _length_groups(seqs: list[int], lens: list[int]) -> list[list[int]]:
     return [order[k:k + size] for k in range(0, len(order), size)]
 
 
-def _partition(meta: AttentionMetadata):
-    """[(part, its token indices in the flat batch), ...] when the batch is worth splitting, else None.
+def _partition(meta: AttentionMetadata, group_lengths: bool):
+    """[(part, its token indices in the flat batch), ...] when the batch is worth splitting, else None:
+    decodes apart from prefill chunks, and with `group_lengths` the decodes in groups of similar
+    context length (padding matters to the reference, not to the kernel, which walks each context).
     Computed once per step and shared by every layer (it lives in the metadata's per-step cache)."""
     cache = meta._derived
-    if "parts" not in cache:
+    key = "parts" if group_lengths else "parts_ungrouped"
+    if key not in cache:
         decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
         prefill = [i for i, n in enumerate(meta.query_lens) if n > 1]
-        groups = _length_groups(decode, meta.context_lens_list) if decode else []
+        groups = []
+        if decode:
+            groups += _length_groups(decode, meta.context_lens_list) if group_lengths else [decode]
         if prefill:
             groups.append(prefill)
         if len(groups) < 2:
-            cache["parts"] = None
+            cache[key] = None
         else:
             starts = meta.query_start_loc.tolist()
             dev = meta.slot_mapping.device
@@ -128,8 +133,25 @@ def _partition(meta: AttentionMetadata):
             for seqs in groups:
                 tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(dev)
                 parts.append((_subset(meta, seqs, tokens), tokens))
-            cache["parts"] = parts
-    return cache["parts"]
+            cache[key] = parts
+    return cache[key]
+
+
+def _by_parts(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+              scale: float, group_lengths: bool) -> torch.Tensor | None:
+    """`fn` run on each part of a split batch and scattered back in token order; None if not split."""
+    split = _partition(meta, group_lengths)
+    if split is None:
+        return None
+    out = q.new_empty(q.shape)
+    for part, tokens in split:
+        out[tokens] = fn(q.index_select(0, tokens), k_cache, v_cache, part, scale)
+    return out
+
+
+def _kernel_device(q: torch.Tensor) -> bool:
+    """Whether the Triton kernel runs where q lives (CUDA); a seam for tests on a CPU."""
+    return q.is_cuda
 
 
 _triton_failed: str | None = None  # set when the kernel raised on this machine: "auto" stops trying it
@@ -153,7 +175,13 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
     global _last_backend, _triton_failed
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend != "torch" and meta.is_decode and (q.is_cuda or backend == "triton"):
+    if backend == "auto" and not meta.is_decode and _kernel_device(q) and _triton_decode() is not None:
+        # a mixed step (continuous batching's usual one): its decodes still take the kernel,
+        # its prefill chunks the reference
+        out = _by_parts(attention, q, k_cache, v_cache, meta, scale, group_lengths=False)
+        if out is not None:
+            return out
+    if backend != "torch" and meta.is_decode and (_kernel_device(q) or backend == "triton"):
         kernel = _triton_decode()
         if kernel is not None:
             if backend == "triton":
