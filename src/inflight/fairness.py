@@ -23,7 +23,7 @@ import math
 from numbers import Real
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
-from .schedulers import ContinuousBatchScheduler, _Entry
+from .schedulers import ContinuousBatchScheduler
 
 __all__ = ["priority_key", "choose_victim", "PriorityScheduler", "percentile", "check_aging"]
 
@@ -86,7 +86,6 @@ class PriorityScheduler(ContinuousBatchScheduler):
         super().__init__(max_batch_size, max_memory)
         self.aging = check_aging(aging)
         self.priorities = dict(priorities or {})
-        self._keys: dict[int, tuple] = {}  # id(entry) -> its sort key
         self._now = 0                      # steps run so far
         self._seq = 0
 
@@ -98,23 +97,15 @@ class PriorityScheduler(ContinuousBatchScheduler):
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
         super().add_request(request_id, num_tokens, memory_cost)
-        entry = self._waiting[-1]
-        self._keys[id(entry)] = priority_key(priority, self._now, self._seq, self.aging)
+        self._waiting[-1].sort_key = priority_key(priority, self._now, self._seq, self.aging)
         self._seq += 1
 
     def _admit(self) -> None:
-        # the queue in key order; a stable sort keeps it cheap when arrivals come in order
+        # the queue in key order (a stable sort is cheap when arrivals come in order), then chapter 4's
+        # strict admission: if the best waiting request doesn't fit, nobody is admitted this step
         if len(self._waiting) > 1:
-            self._waiting = type(self._waiting)(sorted(self._waiting, key=lambda e: self._keys[id(e)]))
-        used = self.active_memory
-        while self._waiting and len(self._active) < self.max_batch_size:
-            head: _Entry = self._waiting[0]
-            if not self._fits(head, used):
-                break  # strict order: no skipping ahead
-            self._waiting.popleft()
-            self._keys.pop(id(head), None)
-            self._active[head.request_id] = head
-            used += head.memory_cost
+            self._waiting = type(self._waiting)(sorted(self._waiting, key=lambda e: e.sort_key))
+        super()._admit()
 
     def step(self) -> list:
         ran = super().step()
