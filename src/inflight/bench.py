@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .fairness import percentile
 from .profiling import ForwardTimer, PeakMemory, measure_matmul_flops, measure_memory_bandwidth, \
     model_flops_per_token, sync
 
@@ -551,11 +552,8 @@ def check_outputs(workload: Workload, reference: dict[str, list[int]], got: dict
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    import numpy as np
-
-    return float(np.percentile(np.asarray(values, dtype=float), q))
+    """`percentile` (numpy's linear interpolation), None for no values so the JSON stays valid."""
+    return percentile(values, q) if len(values) else None
 
 
 def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -> dict[str, Any]:
