@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from inflight import bench
-from inflight.model import LlamaConfig, LlamaModel
+from inflight.bench import benchmark as bench
+from inflight.model.llama import LlamaConfig, LlamaModel
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_every_mode_agrees_with_the_sequential_reference(tiny):
         assert summary["useful_tokens"] == w.useful_tokens
         assert len(summary["ttft_s"]) == len(w.requests), mode
     # the reference itself agrees with a plain greedy loop over the same model
-    from inflight.generate import generate
+    from inflight.model.generate import generate
 
     r0 = w.requests[0]
     assert generate(tiny, [r0.prompt], r0.output_len, stop_at_eos=False)[0] == ref.tokens[r0.id]

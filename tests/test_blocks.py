@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import inflight
-from inflight.blocks import BlockAllocator, NoFreeBlocksError, blocks_needed, ensure_capacity, slot_mapping
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, blocks_needed, ensure_capacity, slot_mapping
 
 
 def test_exported_from_package():

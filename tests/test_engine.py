@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from inflight.engine import LLMEngine, RequestOutput
-from inflight.model import LlamaConfig, LlamaModel
-from inflight.sampling import SamplingParams
+from inflight.engine.llm_engine import LLMEngine, RequestOutput
+from inflight.model.llama import LlamaConfig, LlamaModel
+from inflight.engine.sampling import SamplingParams
 
 torch.set_num_threads(1)
 
@@ -80,7 +80,7 @@ def test_tiny_token_budget_without_chunking_still_runs_long_prompt_alone(model):
 
 def test_matches_transformers_generate(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from inflight.loading import load_pretrained
+    from inflight.model.loading import load_pretrained
 
     torch.manual_seed(3)
     hf_cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -106,7 +106,7 @@ def test_matches_transformers_generate(tmp_path):
 
 
 def test_tiny_model_batched_equals_alone():
-    from inflight.loading import load_tiny
+    from inflight.model.loading import load_tiny
 
     try:
         model, tok = load_tiny()

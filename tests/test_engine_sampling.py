@@ -3,7 +3,7 @@ whatever else is in the batch."""
 import torch
 from hypothesis import given, settings, strategies as st
 
-from inflight.sampling import Sampler, SamplingParams, make_generator
+from inflight.engine.sampling import Sampler, SamplingParams, make_generator
 
 
 @settings(max_examples=50, deadline=None)

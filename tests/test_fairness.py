@@ -3,10 +3,12 @@ waiting, and (hypothesis) that with equal priorities the priority scheduler IS c
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from inflight.fairness import PriorityScheduler, check_aging, choose_victim, percentile, priority_key
-from inflight.schedulers import ContinuousBatchScheduler
-from inflight.simulate import simulate
-from inflight.workloads import Request
+from inflight.engine.priority import check_aging, choose_victim, priority_key
+from inflight.sim.schedulers import PriorityScheduler
+from inflight.stats import percentile
+from inflight.sim.schedulers import ContinuousBatchScheduler
+from inflight.sim.simulate import simulate
+from inflight.sim.workloads import Request
 
 
 def test_priority_key_lower_value_first_then_arrival():
@@ -111,9 +113,9 @@ def test_equal_priorities_is_chapter4_fifo(spec, slots, max_memory, aging, prio)
 # -- the engine: priorities from SamplingParams or add_request, aging, victims ---------------------
 import torch  # noqa: E402
 
-from inflight.engine import LLMEngine  # noqa: E402
-from inflight.model import LlamaConfig, LlamaModel  # noqa: E402
-from inflight.sampling import SamplingParams  # noqa: E402
+from inflight.engine.llm_engine import LLMEngine  # noqa: E402
+from inflight.model.llama import LlamaConfig, LlamaModel  # noqa: E402
+from inflight.engine.sampling import SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")

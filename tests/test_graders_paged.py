@@ -5,7 +5,7 @@ from collections import deque
 
 import pytest
 
-from inflight.blocks import BlockAllocator, NoFreeBlocksError
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
 from inflight.exercises.paged import StarterAllocator, check_allocator, check_blocks_needed, check_slot_mapping
 
 

@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from inflight.exercises.sharing import check_choose_victim, check_prefix_hit
-from inflight.prefix_cache import ROOT_KEY, block_key
+from inflight.engine.prefix_cache import ROOT_KEY, block_key
 
 
 def _stub(*args, **kwargs):

@@ -6,9 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inflight import attention as attn
-from inflight.kv_cache import AttentionMetadata, KVCache, kv_bytes_per_token, num_blocks_for_budget
-from inflight.model import LlamaConfig
+from inflight.model import attention as attn
+from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
+from inflight.model.llama import LlamaConfig
 
 
 def test_build_slots_positions_offsets():
@@ -150,7 +151,7 @@ def test_dispatcher_rejects_bad_backend_requests():
 
 
 def test_default_budget_on_cpu_is_a_capped_share_of_ram():
-    from inflight.kv_cache import default_kv_budget_bytes
+    from inflight.model.kv_cache import default_kv_budget_bytes
 
     budget = default_kv_budget_bytes("cpu")
     assert 0 < budget <= 1 << 30

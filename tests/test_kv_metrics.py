@@ -2,7 +2,7 @@
 request's last block), contiguous reservation wastes most memory, and every request finishes."""
 import pytest
 
-from inflight import kv_metrics as km
+from inflight.sim import kv_sim as km
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from inflight.loading import TINY_PATH, load_config, load_pretrained, load_tiny, load_tokenizer
-from inflight.tokenizer import ByteTokenizer
+from inflight.model.loading import TINY_PATH, load_config, load_pretrained, load_tiny, load_tokenizer
+from inflight.model.tokenizer import ByteTokenizer
 
 SMALL = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -47,9 +47,9 @@ def test_sharded_checkpoint(llama_dir, tmp_path):
 
 
 def test_meta_device_construction_path(llama_dir, monkeypatch):
-    import inflight.loading
+    import inflight.model.loading
 
-    monkeypatch.setattr(inflight.loading, "META_INIT_MIN_PARAMS", 0)  # as for a big checkpoint
+    monkeypatch.setattr(inflight.model.loading, "META_INIT_MIN_PARAMS", 0)  # as for a big checkpoint
     hf, folder = llama_dir
     model = load_pretrained(folder, device="cpu")
     ids = torch.arange(7)[None]
@@ -139,7 +139,7 @@ def test_tiny_model_loads_in_both_libraries_and_writes_python():
     ids = torch.tensor([tok.encode("def add(a, b):\n    return a + b\n")])
     with torch.no_grad():
         torch.testing.assert_close(_logits(model, ids), hf(ids).logits, atol=1e-4, rtol=0)
-    from inflight.generate import generate
+    from inflight.model.generate import generate
 
     prompt = "def fibonacci(n):\n"
     out = generate(model, [tok.encode(prompt, add_bos=True)], max_new_tokens=200)[0]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inflight.book import colab_link, read_repository, setup_cell
-from inflight.exercises import make_learner
+from inflight.book.notebook import colab_link, read_repository, setup_cell
+from inflight.book import make_learner
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -39,7 +39,7 @@ def test_committed_without_outputs(path):
 def test_setup_cell_and_colab_link(path):
     url, branch = read_repository(ROOT / "_config.yml")
     cells = _cells(path)
-    assert _src(cells[0]) == setup_cell(url, branch), f"{path.name}: first cell must be inflight.book.setup_cell()"
+    assert _src(cells[0]) == setup_cell(url, branch), f"{path.name}: first cell must be inflight.book.notebook.setup_cell()"
     link = colab_link(url, path.name, branch)
     assert any(link in _src(c) for c in cells if c["cell_type"] == "markdown"), f"{path.name}: no 'Open in Colab' link {link}"
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inflight.blocks import BlockAllocator, NoFreeBlocksError
-from inflight.prefix_cache import (PrefixCachingBlockAllocator, block_key, block_keys, cacheable_prefix_len,
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
+from inflight.engine.prefix_cache import (PrefixCachingBlockAllocator, block_key, block_keys, cacheable_prefix_len,
                                    ROOT_KEY)
 
 
@@ -207,9 +207,9 @@ TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40, de
 # -- end to end: the engine with prefix caching --------------------------------------------------
 import torch  # noqa: E402
 
-from inflight.engine import LLMEngine  # noqa: E402
-from inflight.model import LlamaConfig, LlamaModel  # noqa: E402
-from inflight.sampling import SamplingParams  # noqa: E402
+from inflight.engine.llm_engine import LLMEngine  # noqa: E402
+from inflight.model.llama import LlamaConfig, LlamaModel  # noqa: E402
+from inflight.engine.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 61
 
@@ -332,7 +332,7 @@ def test_random_shared_workloads_identical(model, seed):
 
 
 def test_tiny_model_identical_with_caching():
-    from inflight.loading import load_tiny
+    from inflight.model.loading import load_tiny
 
     try:
         tiny, tok = load_tiny()
@@ -349,14 +349,14 @@ def test_tiny_model_identical_with_caching():
 
 
 def test_caching_needs_the_caching_allocator():
-    from inflight.engine_scheduler import Scheduler, SchedulerConfig
+    from inflight.engine.scheduler import Scheduler, SchedulerConfig
 
     with pytest.raises(ValueError, match="PrefixCachingBlockAllocator"):
         Scheduler(BlockAllocator(4, 4), SchedulerConfig(max_batch_size=1, max_batched_tokens=4, enable_prefix_caching=True))
 
 
 def test_bench_prefix_plumbing(model):
-    from inflight import bench_prefix
+    from inflight.bench import prefix as bench_prefix
 
     res = bench_prefix.collect(model, n=6, system_len=12, user_len=3, output_len=3, block_size=4, max_batch_size=3)
     sh, no = res["workloads"]["shared_system_prompt"], res["workloads"]["share_nothing"]

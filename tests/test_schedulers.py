@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inflight import ContinuousBatchScheduler, StaticBatchScheduler
-from inflight.schedulers import SkipAheadScheduler
+from inflight.sim.schedulers import SkipAheadScheduler
 
 
 def run(sched, reqs, steps=None):

@@ -4,9 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inflight import ContinuousBatchScheduler, StaticBatchScheduler
-from inflight import workloads as W
-from inflight.schedulers import SkipAheadScheduler
-from inflight.simulate import compare, simulate
+from inflight.sim import workloads as W
+from inflight.sim.schedulers import SkipAheadScheduler
+from inflight.sim.simulate import compare, simulate
 
 
 def test_generators_are_seeded_and_shaped():
@@ -131,7 +131,7 @@ def test_plots_and_animation_smoke():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from inflight import plots
+    from inflight.book import plots
 
     wl = W.long_tailed(20, seed=0, mean=10, max_len=60)
     runs = {"static": simulate(StaticBatchScheduler(4), wl), "continuous": simulate(ContinuousBatchScheduler(4), wl)}

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inflight.tokenizer import ByteTokenizer, HFTokenizer
+from inflight.model.tokenizer import ByteTokenizer, HFTokenizer
 
 tok = ByteTokenizer()
 
@@ -53,7 +53,7 @@ def _hf_tokenizer(tmp_path):
 
 
 def test_hf_adapter_same_interface(tmp_path):
-    from inflight.loading import load_tokenizer
+    from inflight.model.loading import load_tokenizer
 
     t = load_tokenizer(_hf_tokenizer(tmp_path))
     assert isinstance(t, HFTokenizer)

@@ -53,10 +53,10 @@ def gather_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
 
 
 def package_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """The model helper's `inflight.attention.paged_attention`, when it exists and accepts a decode batch."""
+    """The model helper's `inflight.model.attention.paged_attention`, when it exists and accepts a decode batch."""
     import torch
-    from inflight.attention import paged_attention
-    from inflight.kv_cache import AttentionMetadata
+    from inflight.model.attention import paged_attention
+    from inflight.model.attention_metadata import AttentionMetadata
 
     S = q.shape[0]
     meta = AttentionMetadata.build([1] * S, context_lens.tolist(),
@@ -68,15 +68,15 @@ def _run_checks() -> dict:
     """Executed in the child process: every config, both references; returns max errors."""
     import torch
 
-    from inflight.triton_attention import paged_decode_attention
+    from inflight.model.triton_attention import paged_decode_attention
 
     device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     torch.manual_seed(0)
     report = {"device": device, "results": {}, "package_reference": None}
     try:
         package_reference  # noqa: B018
-        from inflight.attention import paged_attention  # noqa: F401
-        from inflight.kv_cache import AttentionMetadata  # noqa: F401
+        from inflight.model.attention import paged_attention  # noqa: F401
+        from inflight.model.attention_metadata import AttentionMetadata  # noqa: F401
         report["package_reference"] = "available"
     except Exception as exc:  # the other helper's module may not exist yet
         report["package_reference"] = f"unavailable: {type(exc).__name__}: {exc}"
@@ -112,7 +112,7 @@ def _run_checks() -> dict:
     out = paged_decode_attention(*(t.to(device) for t in (q, k_view, v_view, bt, cl)), 0.17).cpu()
     report["results"]["strided-views"] = {"shape_ok": True, "err_gather": (out - gather_reference(q, k_view, v_view, bt, cl, 0.17)).abs().max().item()}
     # the benchmark's code path (timing with the wall clock here, CUDA events on a GPU), tiny sizes
-    from inflight.bench_attention import kernel_benchmark
+    from inflight.bench.attention import kernel_benchmark
 
     rows = kernel_benchmark(batches=(2,), contexts=(40,), num_heads=4, kv_heads=2, head_dim=16, dtype="float32",
                             device=device, repeats=1)
@@ -151,7 +151,7 @@ def test_kernel_matches_gather_reference(report, name):
 @pytest.mark.parametrize("name", [c[0] for c in CONFIGS])
 def test_kernel_matches_package_reference(report, name):
     if report["package_reference"] != "available":
-        pytest.skip(f"inflight.attention.paged_attention {report['package_reference']}")
+        pytest.skip(f"inflight.model.attention.paged_attention {report['package_reference']}")
     dtype = next(c[6] for c in CONFIGS if c[0] == name)
     if "err_package" not in report["results"][name]:
         pytest.skip("an empty context is not a decode step for the reference")
@@ -180,7 +180,7 @@ def _bad_input_errors(device: str) -> dict:
     """Executed in the child: the error each malformed call raises (type name and message)."""
     import torch
 
-    from inflight.triton_attention import paged_decode_attention
+    from inflight.model.triton_attention import paged_decode_attention
 
     kc = torch.randn(4, 16, 4, 32, device=device)
     bt = torch.zeros(2, 2, dtype=torch.int32, device=device)

@@ -1,5 +1,10 @@
 """inflight — a small, real LLM serving engine, built one chapter at a time.
 
+The package has layers, lowest first: `model` (the decoder, attention, KV cache, loading),
+`engine` (LLMEngine and its scheduler, block manager, sequences), `sim` (Part I's torch-free
+schedulers and simulators), `bench` (`python -m inflight.bench`), `book` (plots, widgets, notebook
+conventions) and `exercises` (the graders). `checks`, `stats` and `device` are shared helpers.
+
 Names are imported lazily so that `import inflight` is instant and a chapter only pays for what
 it uses (the scheduling chapters never import torch).
 """
@@ -12,21 +17,21 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "StaticBatchScheduler": "schedulers",
-    "ContinuousBatchScheduler": "schedulers",
-    "BlockAllocator": "blocks",
-    "NoFreeBlocksError": "blocks",
-    "PrefixCachingBlockAllocator": "prefix_cache",
-    "PriorityScheduler": "fairness",
-    "SkipAheadScheduler": "schedulers",
-    "load_pretrained": "loading",
-    "load_tiny": "loading",
-    "LlamaConfig": "model",
-    "LlamaModel": "model",
-    "ByteTokenizer": "tokenizer",
-    "LLMEngine": "engine",
-    "SamplingParams": "engine",
-    "RequestOutput": "engine",
+    "StaticBatchScheduler": "sim.schedulers",
+    "ContinuousBatchScheduler": "sim.schedulers",
+    "SkipAheadScheduler": "sim.schedulers",
+    "PriorityScheduler": "sim.schedulers",
+    "BlockAllocator": "engine.block_manager",
+    "NoFreeBlocksError": "engine.block_manager",
+    "PrefixCachingBlockAllocator": "engine.prefix_cache",
+    "LLMEngine": "engine.llm_engine",
+    "RequestOutput": "engine.llm_engine",
+    "SamplingParams": "engine.sampling",
+    "load_pretrained": "model.loading",
+    "load_tiny": "model.loading",
+    "LlamaConfig": "model.llama",
+    "LlamaModel": "model.llama",
+    "ByteTokenizer": "model.tokenizer",
     "describe_device": "device",
 }
 

@@ -11,7 +11,7 @@ import random
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from .grading import Case, GradeResult, Mistake, grade
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade
 
 __all__ = ["kv_bytes_per_token", "check_kv_bytes_per_token", "MODEL_SHAPES"]
 

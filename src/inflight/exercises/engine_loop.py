@@ -13,11 +13,11 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..blocks import BlockAllocator
-from ..engine_scheduler import STEP_ORDER, Scheduler, SchedulerConfig
-from ..sampling import SamplingParams
-from ..sequence import Sequence as Seq
-from .grading import Case, GradeResult, Mistake, grade
+from inflight.engine.block_manager import BlockAllocator
+from inflight.engine.scheduler import STEP_ORDER, Scheduler, SchedulerConfig
+from inflight.engine.sampling import SamplingParams
+from inflight.engine.sequence import Sequence as Seq
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade
 
 __all__ = ["SimEngine", "Request", "reference_step", "step_from_order", "measure_order", "check_engine_loop",
            "MISTAKE_ORDERS", "WORKLOADS"]

@@ -12,8 +12,8 @@ import random
 from collections import Counter, deque
 from typing import Any, Callable, Sequence
 
-from ..blocks import BlockAllocator, NoFreeBlocksError, blocks_needed, slot_mapping
-from .grading import Case, GradeResult, Mistake, grade
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, blocks_needed, slot_mapping
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade
 
 __all__ = ["check_blocks_needed", "check_slot_mapping", "check_allocator", "StarterAllocator"]
 

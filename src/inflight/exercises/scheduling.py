@@ -10,8 +10,8 @@ import random
 from collections import deque
 from typing import Any, Sequence
 
-from ..schedulers import ContinuousBatchScheduler, StaticBatchScheduler
-from .grading import Case, GradeResult, Mistake, grade
+from inflight.sim.schedulers import ContinuousBatchScheduler, StaticBatchScheduler
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade
 
 # A scenario: constructor kwargs and a script of ("add", id, num_tokens[, memory_cost]) / ("step",).
 Script = Sequence[tuple]

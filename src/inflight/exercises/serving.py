@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
-from .grading import Case, GradeResult, Mistake, grade
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade
 
 Timeline = Sequence[dict]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from typing import Callable, Hashable, Sequence
 
-from ..fairness import choose_victim
-from ..prefix_cache import ROOT_KEY, block_key, block_keys
-from .grading import Case, GradeResult, Mistake, grade
+from inflight.engine.priority import choose_victim
+from inflight.engine.prefix_cache import ROOT_KEY, block_key, block_keys
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade
 
 __all__ = ["prefix_hit", "check_prefix_hit", "choose_victim", "check_choose_victim"]
 

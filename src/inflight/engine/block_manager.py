@@ -7,7 +7,7 @@ blocks involved — never the whole pool — so they cost the same with 100 or 1
 
 Reference counts let several sequences share a block (prefix caching, beam search): `free`
 decrements, and a block returns to the free list only when nobody holds it any more. Content
-keys for prefix caching live in the subclass `inflight.prefix_cache.PrefixCachingBlockAllocator`,
+keys for prefix caching live in the subclass `inflight.engine.prefix_cache.PrefixCachingBlockAllocator`,
 which hooks `_take_free_block` / `_release_block` to keep released blocks findable by key until
 they are reused.
 """

@@ -36,8 +36,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .fairness import percentile
-from .profiling import ForwardTimer, PeakMemory, measure_matmul_flops, measure_memory_bandwidth, \
+from inflight.stats import percentile
+from inflight.bench.profiling import ForwardTimer, PeakMemory, measure_matmul_flops, measure_memory_bandwidth, \
     model_flops_per_token, sync
 
 __all__ = ["BenchRequest", "Workload", "RunRecord", "MODES", "make_workload", "run_mode", "summarize",
@@ -95,7 +95,7 @@ def make_workload(kind: str, n: int, seed: int, vocab_size: int, *, max_context:
     """Seeded requests. `kind`: "long_tailed" (capped exponential outputs, mean `output_mean`, cap
     `output_cap`) or "uniform" (outputs uniform in [1, 2·mean]); prompts uniform in `prompt_range`.
     With `rate`, arrivals are a Poisson process of `rate` requests per second (the same requests)."""
-    from .workloads import capped_exponential
+    from inflight.sim.workloads import capped_exponential
 
     if kind not in ("long_tailed", "uniform"):
         raise ValueError(f"unknown workload kind {kind!r} (long_tailed | uniform)")
@@ -189,7 +189,7 @@ class _Arrivals:
 
 
 def _kv_bytes_per_token(model: Any) -> int:
-    from .kv_cache import kv_bytes_per_token
+    from inflight.model.kv_cache import kv_bytes_per_token
 
     cfg = model.config
     return kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype)
@@ -203,7 +203,8 @@ def run_static(model: Any, workload: Workload, batch_size: int, max_len: int, mo
     """Static batching on our model: take up to `batch_size` arrived requests, prefill them in one
     ragged pass, decode every row until the batch's longest request is done (finished rows are
     still computed: their slot is held until the batch ends), then start the next batch."""
-    from .kv_cache import AttentionMetadata, KVCache
+    from inflight.model.attention_metadata import AttentionMetadata
+    from inflight.model.kv_cache import KVCache
 
     dev = model.device
     cache = KVCache.for_model(model.config, num_blocks=batch_size, block_size=max_len, dtype=model.dtype, device=dev)
@@ -263,7 +264,7 @@ def run_engine(model: Any, workload: Workload, *, block_size: int, num_blocks: i
     """Continuous batching with `inflight.LLMEngine`: each request is added at its arrival time and
     the engine steps while anything is unfinished. Times come from the engine's RequestOutputs, the
     split of each step (schedule / prepare / forward / sample) from its `stats`."""
-    from .engine import LLMEngine, SamplingParams
+    from inflight.engine.llm_engine import LLMEngine, SamplingParams
 
     kwargs: dict[str, Any] = dict(block_size=block_size, num_blocks=num_blocks, max_batch_size=max_batch_size)
     if max_batched_tokens is not None:
@@ -626,9 +627,9 @@ def _thin(series: dict[str, list], limit: int = 1500) -> dict[str, list]:
 def ideal_speedup(workload: Workload, batch_size: int) -> dict[str, Any]:
     """The simulator's step counts for static vs continuous batching with `batch_size` slots on these
     output lengths (one token per request per step): the best continuous batching can do here."""
-    from .schedulers import ContinuousBatchScheduler, StaticBatchScheduler
-    from .simulate import simulate
-    from .workloads import from_lengths
+    from inflight.sim.schedulers import ContinuousBatchScheduler, StaticBatchScheduler
+    from inflight.sim.simulate import simulate
+    from inflight.sim.workloads import from_lengths
 
     lens = [r.output_len for r in workload.requests]
     w = from_lengths(lens)
@@ -706,7 +707,7 @@ def quick_config(**overrides: Any) -> BenchConfig:
 
 def random_model(seed: int = 0, vocab_size: int = 257, device: str | None = None) -> Any:
     """A random Llama of the tiny model's shape (4 layers, 256 wide, 2 KV heads): the stand-in when no trained model is at hand."""
-    from .model import LlamaConfig, LlamaModel
+    from inflight.model.llama import LlamaConfig, LlamaModel
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -716,7 +717,7 @@ def random_model(seed: int = 0, vocab_size: int = 257, device: str | None = None
 
 def load_model(cfg: BenchConfig) -> tuple[Any, str]:
     """(model, description): `--model` via `load_pretrained`, else the shipped tiny model, else random."""
-    from .device import pick_device
+    from inflight.device import pick_device
 
     device = pick_device(cfg.device)
     # float32 unless asked otherwise: every mode must produce the same greedy tokens, and in bf16/fp16
@@ -724,11 +725,11 @@ def load_model(cfg: BenchConfig) -> tuple[Any, str]:
     # 3-20 of 64 continuations differed and every batched mode was refused).
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else torch.float32
     if cfg.model:
-        from .loading import load_pretrained
+        from inflight.model.loading import load_pretrained
 
         return load_pretrained(cfg.model, device=device, dtype=dtype).eval(), cfg.model
     try:
-        from .loading import TINY_PATH, load_tiny
+        from inflight.model.loading import TINY_PATH, load_tiny
 
         model, _tok = load_tiny()
         model.weights_sha256 = _sha256(TINY_PATH / "model.safetensors")
@@ -775,7 +776,7 @@ def _versions() -> dict[str, str]:
 def _section(module: str, **kwargs: Any) -> dict[str, Any]:
     """Another benchmark module's figures (`collect(**kwargs)` + `report`), when that module is here."""
     try:
-        mod = importlib.import_module(f".{module}", __package__)
+        mod = importlib.import_module(f"inflight.bench.{module}")
     except Exception as exc:
         return {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"}
     try:
@@ -787,13 +788,13 @@ def _section(module: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def _attention_section(quick: bool) -> dict[str, Any]:
-    """The paged-KV chapter's figures (`inflight.bench_attention`)."""
-    return _section("bench_attention", quick=quick)
+    """The paged-KV chapter's figures (`inflight.bench.attention`)."""
+    return _section("attention", quick=quick)
 
 
 def _prefix_section(quick: bool, model: Any) -> dict[str, Any]:
-    """The sharing chapter's figures (`inflight.bench_prefix`): prefix caching on vs off."""
-    return _section("bench_prefix", model=model, quick=quick)
+    """The sharing chapter's figures (`inflight.bench.prefix`): prefix caching on vs off."""
+    return _section("prefix", model=model, quick=quick)
 
 
 def _targets(results: dict[str, Any], batch_size: int) -> dict[str, Any]:
@@ -878,7 +879,7 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True,
                                 "max_batch_size": setup.paged_max_batch}},
         "workloads": {},
     }
-    from .device import describe_device
+    from inflight.device import describe_device
 
     results["device"] = describe_device()
 
@@ -1067,12 +1068,12 @@ def format_report(results: dict[str, Any]) -> str:
             out.append(f"  {MODE_TITLES.get(m, m):30} batch {r['batch']:5.1f}: roof {r['roof_tokens_per_s']:8.0f} "
                        f"tok/s, achieved {_f(frac, '.1%')}")
     att = results.get("attention_bench", {})
-    out += ["", f"attention bench (inflight.bench_attention): {att.get('status')}"
+    out += ["", f"attention bench (inflight.bench.attention): {att.get('status')}"
                 + (f" ({att.get('error')})" if att.get("error") else "")]
     if att.get("report"):
         out.append(att["report"])
     pre = results.get("prefix_caching", {})
-    out += ["", f"prefix caching (inflight.bench_prefix): {pre.get('status')}"
+    out += ["", f"prefix caching (inflight.bench.prefix): {pre.get('status')}"
                 + (f" ({pre.get('error')})" if pre.get("error") else "")]
     if pre.get("report"):
         out.append(pre["report"])
@@ -1161,6 +1162,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nresults written to {args.out}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

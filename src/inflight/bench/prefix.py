@@ -1,4 +1,4 @@
-"""`python -m inflight.bench_prefix`: what prefix caching buys, measured on our engine.
+"""`python -m inflight.bench.prefix`: what prefix caching buys, measured on our engine.
 
 Two workloads with the same lengths, each run with prefix caching off and on:
 
@@ -9,8 +9,8 @@ Requests arrive one every `arrival_every` engine steps (so later requests find e
 cached, as on a live server). Reported per run: prefill tokens computed, TTFT (mean/p50/p99),
 output throughput, the cache hit rate; and a check that greedy outputs are identical on and off.
 
-    python -m inflight.bench_prefix              # full size, prints a table, saves JSON
-    python -m inflight.bench_prefix --quick      # CI / notebook size (a few seconds on a CPU)
+    python -m inflight.bench.prefix              # full size, prints a table, saves JSON
+    python -m inflight.bench.prefix --quick      # CI / notebook size (a few seconds on a CPU)
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .fairness import percentile
+from inflight.stats import percentile
 
 __all__ = ["PrefixWorkload", "shared_prefix_workload", "share_nothing_workload", "run_workload", "collect",
            "report", "main"]
@@ -66,8 +66,8 @@ def run_workload(model: Any, workload: PrefixWorkload, *, enable_prefix_caching:
                  num_blocks: int | None = None, max_batch_size: int = 8, max_batched_tokens: int = 512,
                  tokenizer: Any = None) -> dict[str, Any]:
     """Serve `workload` on a fresh `LLMEngine`, feeding requests at their arrival steps; measure it."""
-    from .engine import LLMEngine
-    from .sampling import SamplingParams
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.engine.sampling import SamplingParams
 
     if num_blocks is None:  # room for a full batch of private prompts: caching must win by compute, not by memory
         longest = max(len(p) for p in workload.prompts) + workload.max_tokens
@@ -113,12 +113,12 @@ def _model(model: Any, device: str | None, seed: int) -> tuple[Any, str]:
         return model, (f"{type(model).__name__} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
                        f"vocab {cfg.vocab_size})")
     try:
-        from .loading import load_tiny
+        from inflight.model.loading import load_tiny
 
         m, _ = load_tiny(device=device or "cpu")
         return m.eval(), "inflight tiny model (load_tiny)"
     except Exception as exc:  # the shipped model may not be there on a development checkout
-        from .bench import random_model
+        from inflight.bench.benchmark import random_model
 
         return random_model(seed, device=device), f"random 4-layer 256-wide Llama (load_tiny failed: {exc})"
 
@@ -176,7 +176,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench_prefix", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.prefix", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (CI, notebooks)")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)

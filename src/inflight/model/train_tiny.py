@@ -1,9 +1,9 @@
-"""Train the shipped tiny model: `python -m inflight.train_tiny`.
+"""Train the shipped tiny model: `python -m inflight.model.train_tiny`.
 
 Corpus: the Python standard library's own source, on every machine offline, split into functions
 (each function one document ending with end-of-text) — so completions have naturally varied,
 long-tailed lengths. Byte-level tokens, a ~3M-parameter Llama, seeded; writes `config.json` +
-`model.safetensors` (Hugging Face Llama format) and `train_report.json` to `inflight/assets/`.
+`model.safetensors` (Hugging Face Llama format) and `train_report.json` to `inflight/model/assets/`.
 
 The defaults (2000 steps of 8 x 512 bytes, two threads, seed 0) are the fixed schedule that made the
 shipped model: about 27 minutes on an idle two-core machine (`assets/train_report.json` has the
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import LlamaConfig, LlamaModel
-from .tokenizer import ByteTokenizer
+from inflight.model.llama import LlamaConfig, LlamaModel
+from inflight.model.tokenizer import ByteTokenizer
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "__pycache__"}
@@ -110,7 +110,7 @@ def save(model: LlamaModel, out: Path) -> None:
 
 def make_samples(model: LlamaModel, max_new_tokens: int = 300) -> dict:
     """Greedy and sampled (temperature 0.8, seeded) continuations of function signatures."""
-    from .generate import generate
+    from inflight.model.generate import generate
 
     tok = ByteTokenizer()
     prompts = [tok.encode(p, add_bos=True) for p in SAMPLE_PROMPTS]
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_loss": round(train_loss, 4), "val_loss": round(val_loss, 4),
         "val_bits_per_byte": round(val_loss / math.log(2), 4),
         "samples": samples, "python": sys.version.split()[0], "torch": torch.__version__,
-        "command": "python -m inflight.train_tiny " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m inflight.model.train_tiny " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"trained {steps_done} steps in {train_seconds / 60:.1f} min "

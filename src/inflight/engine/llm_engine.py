@@ -18,13 +18,14 @@ from typing import Any, Iterable, Sequence as Seq
 
 import torch
 
-from .blocks import BlockAllocator
-from .engine_scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from .fairness import check_aging, priority_key
-from .kv_cache import AttentionMetadata, KVCache, default_kv_budget_bytes, kv_bytes_per_token
-from .prefix_cache import PrefixCachingBlockAllocator
-from .sampling import Sampler, SamplingParams, make_generator
-from .sequence import Sequence, SequenceStatus
+from inflight.engine.block_manager import BlockAllocator
+from inflight.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from inflight.engine.priority import check_aging, priority_key
+from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.kv_cache import KVCache, default_kv_budget_bytes, kv_bytes_per_token
+from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
+from inflight.engine.sampling import Sampler, SamplingParams, make_generator
+from inflight.engine.sequence import Sequence, SequenceStatus
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats"]
 
@@ -136,11 +137,11 @@ class LLMEngine:
     after every step. A contiguous cache is `block_size=max_model_len`, `num_blocks=max_batch_size`.
 
     `enable_prefix_caching=True` shares the KV blocks of common prompt prefixes between requests
-    (`inflight.prefix_cache`): admission takes the longest cached prefix and computes only the rest.
+    (`inflight.engine.prefix_cache`): admission takes the longest cached prefix and computes only the rest.
     Priorities (`SamplingParams.priority` or `add_request(..., priority=)`, lower first, ties by
     arrival) order admission and preemption; `priority_aging` (seconds of waiting worth one
     priority level, None = strict priorities) bounds how long a low-priority request can starve
-    (`inflight.fairness`)."""
+    (`inflight.engine.priority`)."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",

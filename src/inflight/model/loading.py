@@ -1,9 +1,9 @@
-"""Load Hugging Face Llama-family checkpoints (config.json + safetensors) into `inflight.model.LlamaModel`.
+"""Load Hugging Face Llama-family checkpoints (config.json + safetensors) into `inflight.model.llama.LlamaModel`.
 
 Supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM (sliding-window attention is not
 implemented, so the context is capped at the window, where it is exact). A folder or a hub id
 (downloaded with `huggingface_hub.snapshot_download`, e.g. on Colab). `load_tiny()` loads the model
-this package ships, trained by `python -m inflight.train_tiny`.
+this package ships, trained by `python -m inflight.model.train_tiny`.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .model import LlamaConfig, LlamaModel
-from .tokenizer import ByteTokenizer, HFTokenizer
+from inflight.model.llama import LlamaConfig, LlamaModel
+from inflight.model.tokenizer import ByteTokenizer, HFTokenizer
 
 __all__ = ["load_pretrained", "load_tiny", "load_tokenizer", "load_config", "SUPPORTED_ARCHITECTURES", "TINY_PATH"]
 
@@ -93,7 +93,7 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def _default_dtype(device: torch.device, raw_dtype: str | None) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32  # half precision on CPU is slow and gains nothing here
-    from .device import half_dtype
+    from inflight.device import half_dtype
 
     # bfloat16 checkpoints run in float16 where the GPU has no native bfloat16 (T4, V100), as vLLM does;
     # torch.cuda.is_bf16_supported() says True there (emulation), so ask for the compute capability
@@ -110,7 +110,7 @@ def load_pretrained(path_or_hub_id: str | Path, device: str | torch.device | Non
     device: default CUDA when present; dtype: float32 on CPU, the checkpoint's half type on CUDA
     (float16 on GPUs without native bfloat16, such as the T4).
     With `with_tokenizer=True` returns `(model, tokenizer)`."""
-    from .device import pick_device
+    from inflight.device import pick_device
 
     folder = _resolve(path_or_hub_id)
     config = load_config(folder)
@@ -154,5 +154,5 @@ def load_tokenizer(path_or_hub_id: str | Path):
 def load_tiny(device: str | torch.device | None = "cpu", dtype: torch.dtype | None = None):
     """The shipped tiny model (byte-level, trained on stdlib functions) and its `ByteTokenizer`."""
     if not (TINY_PATH / "model.safetensors").is_file():
-        raise FileNotFoundError(f"the tiny model is not in {TINY_PATH}; train it with `python -m inflight.train_tiny`")
+        raise FileNotFoundError(f"the tiny model is not in {TINY_PATH}; train it with `python -m inflight.model.train_tiny`")
     return load_pretrained(TINY_PATH, device=device, dtype=dtype), ByteTokenizer()

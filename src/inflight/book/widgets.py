@@ -1,15 +1,15 @@
 """ipywidgets explorers for Jupyter and Colab (they need a live kernel; the static site shows the
-animations in `inflight.plots` instead)."""
+animations in `inflight.book.plots` instead)."""
 from __future__ import annotations
 
 from typing import Any
 
 import matplotlib.pyplot as plt
 
-from . import plots
-from .schedulers import ContinuousBatchScheduler, StaticBatchScheduler
-from .simulate import simulate
-from .workloads import with_spread
+from inflight.book import plots
+from inflight.sim.schedulers import ContinuousBatchScheduler, StaticBatchScheduler
+from inflight.sim.simulate import simulate
+from inflight.sim.workloads import with_spread
 
 
 def batching_figure(max_batch_size: int = 8, spread: float = 1.0, n_requests: int = 48, mean: float = 20,

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .blocks import BlockAllocator, NoFreeBlocksError, ensure_capacity
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, ensure_capacity
 
 __all__ = ["KVTimeline", "simulate_kv", "short_chat", "sharegpt_like", "lengths_of", "utilization_table",
            "tail_waste_estimate", "requests_that_fit"]
@@ -46,7 +46,7 @@ def short_chat(n: int, seed: int = 0, prompt_range: tuple[int, int] = (16, 128),
     """The chapter's long-tailed workload: prompts uniform in `prompt_range`, outputs exponential
     with mean `mean_output` capped at `max_output` (the server's max_tokens)."""
     try:  # the scheduling chapters' generator, when present, so both parts share one definition
-        from .workloads import capped_exponential
+        from inflight.sim.workloads import capped_exponential
     except ImportError:  # pragma: no cover
         def capped_exponential(rng, mean, max_len, min_len=1):
             return int(min(max_len, max(min_len, math.ceil(rng.expovariate(1.0 / mean)))))
@@ -58,7 +58,7 @@ def short_chat(n: int, seed: int = 0, prompt_range: tuple[int, int] = (16, 128),
 def sharegpt_like(n: int, seed: int = 0, max_len: int = 2048) -> list[tuple[int, int]]:
     """Chat-shaped lengths of a few hundred tokens (prompt + output clipped to `max_len`)."""
     try:
-        from .workloads import sharegpt_like as gen
+        from inflight.sim.workloads import sharegpt_like as gen
 
         pairs = lengths_of(gen(n, seed, max_len=max_len))
     except ImportError:  # pragma: no cover

@@ -23,9 +23,9 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from .blocks import BlockAllocator
-from .prefix_cache import ROOT_KEY, block_key
-from .sequence import Sequence, SequenceStatus, check_stop
+from inflight.engine.block_manager import BlockAllocator
+from inflight.engine.prefix_cache import ROOT_KEY, block_key
+from inflight.engine.sequence import Sequence, SequenceStatus, check_stop
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
 
@@ -124,7 +124,7 @@ class Scheduler:
         if config.preemption == "swap" and cpu_allocator is None:
             raise ValueError("preemption='swap' needs a cpu_allocator (the CPU pool's blocks)")
         if config.enable_prefix_caching and not hasattr(allocator, "find_cached_prefix"):
-            raise ValueError("enable_prefix_caching needs a PrefixCachingBlockAllocator (inflight.prefix_cache)")
+            raise ValueError("enable_prefix_caching needs a PrefixCachingBlockAllocator (inflight.engine.prefix_cache)")
         self.allocator = allocator
         self.cpu_allocator = cpu_allocator
         self.swapper = swapper or _NoCopy()

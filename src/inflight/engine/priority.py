@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Hashable, Sequence
 
-from .schedulers import ContinuousBatchScheduler
-
-__all__ = ["priority_key", "choose_victim", "PriorityScheduler", "percentile", "check_aging"]
+__all__ = ["priority_key", "choose_victim", "check_aging"]
 
 
 def check_aging(aging: Real | None) -> float | None:
@@ -57,57 +55,3 @@ def choose_victim(running: Sequence[tuple[Hashable, int, float]]) -> Hashable:
         raise ValueError("choose_victim needs at least one running request")
     best_i = max(range(len(running)), key=lambda i: (running[i][1], running[i][2], i))
     return running[best_i][0]
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation, as numpy's default; NaN when empty."""
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-class PriorityScheduler(ContinuousBatchScheduler):
-    """Chapter 4's memory-aware continuous batching, admitting in priority order (optionally aged).
-
-    Same interface as `ContinuousBatchScheduler` (so `inflight.simulate.simulate` runs it), plus a
-    `priority` per request — given to `add_request`, or looked up in `priorities` (request id →
-    priority) when not. Time is counted in steps. Admission stays strict (no skipping ahead): if the
-    best waiting request doesn't fit, nobody is admitted this step. With equal priorities it makes
-    exactly the decisions of `ContinuousBatchScheduler`."""
-
-    def __init__(self, max_batch_size: int, max_memory: Real | None = None, *, aging: Real | None = None,
-                 priorities: Mapping[Any, int] | None = None):
-        super().__init__(max_batch_size, max_memory)
-        self.aging = check_aging(aging)
-        self.priorities = dict(priorities or {})
-        self._now = 0                      # steps run so far
-        self._seq = 0
-
-    def add_request(self, request_id: Hashable, num_tokens: int, memory_cost: Real = 1,
-                    priority: int | None = None) -> None:
-        """Queue a request; `priority` (lower = sooner) defaults to `priorities.get(request_id, 0)`."""
-        if priority is None:
-            priority = self.priorities.get(request_id, 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
-        super().add_request(request_id, num_tokens, memory_cost)
-        self._waiting[-1].sort_key = priority_key(priority, self._now, self._seq, self.aging)
-        self._seq += 1
-
-    def _admit(self) -> None:
-        # the queue in key order (a stable sort is cheap when arrivals come in order), then chapter 4's
-        # strict admission: if the best waiting request doesn't fit, nobody is admitted this step
-        if len(self._waiting) > 1:
-            self._waiting = type(self._waiting)(sorted(self._waiting, key=lambda e: e.sort_key))
-        super()._admit()
-
-    def step(self) -> list:
-        ran = super().step()
-        self._now += 1
-        return ran

@@ -1,7 +1,7 @@
 """Write the learner versions of the chapters: every reference solution replaced by a stub.
 
-    python -m inflight.exercises.make_learner chapters/ -o learner/
-    python -m inflight.exercises.make_learner chapters/ -o learner/ --check   # exit 1 if out of sync
+    python -m inflight.book.make_learner chapters/ -o learner/
+    python -m inflight.book.make_learner chapters/ -o learner/ --check   # exit 1 if out of sync
 
 A solution sits between `### BEGIN SOLUTION` and `### END SOLUTION` (nbgrader's markers). The lines
 between them are replaced by `raise NotImplementedError(...)` at the same indentation; a comment
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if stale or extra:
             print("learner notebooks out of sync:", *stale, *(f"{args.out / e} (no chapter)" for e in extra), sep="\n  ")
-            print(f"run: python -m inflight.exercises.make_learner {args.chapters} -o {args.out}")
+            print(f"run: python -m inflight.book.make_learner {args.chapters} -o {args.out}")
             return 1
         print("learner notebooks in sync")
         return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .workloads import Request
+from inflight.sim.workloads import Request
 
 
 @dataclass

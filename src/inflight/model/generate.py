@@ -9,7 +9,8 @@ from typing import Sequence
 
 import torch
 
-from .kv_cache import AttentionMetadata, KVCache
+from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.kv_cache import KVCache
 
 __all__ = ["generate", "sample"]
 

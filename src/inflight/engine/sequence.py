@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .sampling import SamplingParams
+    from inflight.engine.sampling import SamplingParams
 
 __all__ = ["SequenceStatus", "Sequence", "check_stop"]
 

@@ -128,7 +128,7 @@ def paged_decode_attention(
     """
     if not HAS_TRITON:
         raise RuntimeError("paged_decode_attention needs triton (pip install triton); "
-                           "use inflight.attention.paged_attention, the plain-torch reference, instead")
+                           "use inflight.model.attention.paged_attention, the plain-torch reference, instead")
     if q.dim() != 3:
         raise ValueError(f"q must be [num_seqs, num_heads, head_dim], got shape {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:

@@ -1,4 +1,4 @@
-"""`python -m inflight.bench_attention`: the paged-KV chapter's figures.
+"""`python -m inflight.bench.attention`: the paged-KV chapter's figures.
 
 1. KV memory utilization (any machine): contiguous max-length reservation vs paged blocks of
    8/16/32 tokens on two workloads (short long-tailed chat, ShareGPT-like), with the paging ceiling.
@@ -57,7 +57,7 @@ def peak_bandwidth_gbs(device_index: int = 0) -> float | None:
 def kv_utilization_figures(n_short: int = 2000, n_sharegpt: int = 1000, seed: int = 0,
                            block_sizes: Sequence[int] = (8, 16, 32)) -> dict[str, Any]:
     """Utilization, ceiling and mean running requests of each layout on both workloads."""
-    from . import kv_metrics as km
+    from inflight.sim import kv_sim as km
 
     out: dict[str, Any] = {}
     for name, requests, max_len in [
@@ -100,7 +100,7 @@ def kernel_benchmark(batches: Sequence[int] = (32, 64, 128), contexts: Sequence[
     import torch
     import torch.nn.functional as F
 
-    from .triton_attention import paged_decode_attention
+    from inflight.model.triton_attention import paged_decode_attention
 
     dt = getattr(torch, dtype)
     timer = _timer(device, repeats)
@@ -142,8 +142,8 @@ def kernel_benchmark(batches: Sequence[int] = (32, 64, 128), contexts: Sequence[
             row["sdpa_ms"] = timer(sdpa)
             if with_reference:
                 try:
-                    from .attention import paged_attention
-                    from .kv_cache import AttentionMetadata
+                    from inflight.model.attention import paged_attention
+                    from inflight.model.attention_metadata import AttentionMetadata
 
                     meta = AttentionMetadata.build([1] * B, [ctx] * B, block_tables.tolist(), block_size, device)
                     row["torch_paged_ms"] = timer(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
@@ -164,13 +164,13 @@ def collect(quick: bool = False, device: str | None = None) -> dict[str, Any]:
     """Every figure of this benchmark as one JSON-able dict."""
     import torch
 
-    from .device import describe_device
+    from inflight.device import describe_device
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     res: dict[str, Any] = {"device": describe_device(), "device_name": device_name(device), "torch": torch.__version__,
                            "kv_utilization": kv_utilization_figures(*((500, 300) if quick else (2000, 1000)))}
     if device.startswith("cuda"):
-        from .triton_attention import HAS_TRITON
+        from inflight.model.triton_attention import HAS_TRITON
 
         if HAS_TRITON:
             res["peak_gbs"] = peak_bandwidth_gbs()

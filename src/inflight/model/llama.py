@@ -20,8 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attention
-from .kv_cache import AttentionMetadata, KVCache
+from inflight.model.attention import attention
+from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.kv_cache import KVCache
 
 __all__ = ["LlamaConfig", "LlamaModel", "RMSNorm"]
 
@@ -160,7 +161,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache):
         """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
-        from .attention import write_kv
+        from inflight.model.attention import write_kv
 
         q, k, v = self._qkv(x, cos, sin)
         kc, vc = kv_cache.k_cache[self.layer_idx], kv_cache.v_cache[self.layer_idx]

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .blocks import BlockAllocator, NoFreeBlocksError, _check_int
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, _check_int
 
 __all__ = ["PrefixCachingBlockAllocator", "PrefixCacheStats", "block_key", "block_keys", "cacheable_prefix_len",
            "ROOT_KEY"]

@@ -9,7 +9,7 @@ from matplotlib.animation import FuncAnimation
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch, Rectangle
 
-from .simulate import SimResult
+from inflight.sim.simulate import SimResult
 
 WASTE = "#d62728"  # hatch colour: idle while someone waits
 IDLE = "#ececec"  # idle, nobody waiting

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import AttentionMetadata
+from inflight.model.attention_metadata import AttentionMetadata
 
 __all__ = ["write_kv", "paged_attention", "attention", "last_backend"]
 
@@ -161,7 +161,7 @@ def _triton_decode():
     if _triton_failed is not None:
         return None
     try:
-        from .triton_attention import paged_decode_attention  # written by the paged-KV chapter
+        from inflight.model.triton_attention import paged_decode_attention  # written by the paged-KV chapter
     except Exception:  # module missing, triton missing or broken: fall back to the reference
         return None
     return paged_decode_attention
@@ -198,7 +198,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
                 warnings.warn(f"the Triton decode kernel failed here ({_triton_failed[:300]}); "
                               "using the plain-torch reference attention from now on", RuntimeWarning, stacklevel=2)
         if backend == "triton":
-            raise RuntimeError("backend='triton' asked for, but inflight.triton_attention could not be imported")
+            raise RuntimeError("backend='triton' asked for, but inflight.model.triton_attention could not be imported")
     elif backend == "triton":
         raise RuntimeError("the Triton kernel handles decode-only batches (every query_len 1)")
     _last_backend = "torch"

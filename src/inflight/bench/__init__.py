@@ -1,0 +1,1 @@
+"""`python -m inflight.bench`: the benchmark the book and the README quote (see `__main__`)."""

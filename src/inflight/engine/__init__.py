@@ -1,0 +1,13 @@
+"""The serving engine (chapters 5-8), laid out like nano-vllm's `engine/`:
+
+- `llm_engine`    `LLMEngine`: submission, the five-step iteration, outputs and stats
+- `scheduler`     reap, budget, admit, preempt, and the batch handed to the model
+- `block_manager` the pool of KV blocks (`BlockAllocator`, `blocks_needed`)
+- `prefix_cache`  blocks shared by content key (`PrefixCachingBlockAllocator`)
+- `sequence`      one request's state (`num_computed_tokens`, block table, clock)
+- `sampling`      `SamplingParams`
+- `priority`      priority keys, aging, and the preemption victim
+- `model_runner`  tensors for one step: input preparation, KV sizing, swap copies
+
+The engine imports the model layer and nothing above it (`sim`, `bench`, `book`, `exercises`).
+"""
