@@ -3,7 +3,7 @@ whatever else is in the batch."""
 import torch
 from hypothesis import given, settings, strategies as st
 
-from inflight.engine.sampling import Sampler, SamplingParams, make_generator
+from inflight.model.sampler import Sampler, make_generator
 
 
 @settings(max_examples=50, deadline=None)
@@ -11,8 +11,7 @@ from inflight.engine.sampling import Sampler, SamplingParams, make_generator
 def test_top_p_stays_in_the_nucleus(seed, top_p, temperature):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(1, 50, generator=g) * 3
-    params = SamplingParams(max_tokens=1, temperature=temperature, top_p=top_p, seed=seed)
-    token = Sampler()(logits, [params], [make_generator(seed)])[0]
+    token = Sampler()(logits, [temperature], [top_p], [make_generator(seed)])[0]
     probs = torch.softmax(logits[0] / temperature, -1, dtype=torch.float64)
     order = torch.argsort(probs, descending=True, stable=True)
     before = probs[order].cumsum(0) - probs[order]
@@ -23,11 +22,7 @@ def test_top_p_stays_in_the_nucleus(seed, top_p, temperature):
 def test_greedy_is_argmax_and_seeds_ignore_batch_neighbours():
     torch.manual_seed(0)
     logits = torch.randn(4, 30)
-    greedy = SamplingParams(max_tokens=1)
-    hot = SamplingParams(max_tokens=1, temperature=1.0, seed=5)
-    assert Sampler()(logits, [greedy] * 4, [None] * 4) == logits.argmax(-1).tolist()
-    alone = [Sampler()(logits[2:3], [hot], [g])[0] for g in [make_generator(5)] for _ in range(1)]
-    g = make_generator(5)
-    mixed = Sampler(seed=123)(logits, [SamplingParams(max_tokens=1, temperature=0.7), greedy, hot, greedy],
-                              [None, None, g, None])
-    assert mixed[2] == alone[0] and mixed[1] == logits[1].argmax().item()
+    assert Sampler()(logits, [0.0] * 4, [1.0] * 4, [None] * 4) == logits.argmax(-1).tolist()
+    alone = Sampler()(logits[2:3], [1.0], [1.0], [make_generator(5)])[0]
+    mixed = Sampler(seed=123)(logits, [0.7, 0.0, 1.0, 0.0], [1.0] * 4, [None, None, make_generator(5), None])
+    assert mixed[2] == alone and mixed[1] == logits[1].argmax().item()

@@ -22,9 +22,10 @@ from inflight.engine.block_manager import BlockAllocator
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from inflight.engine.priority import check_aging, priority_key
 from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.sampler import Sampler, make_generator
 from inflight.model.kv_cache import KVCache, default_kv_budget_bytes, kv_bytes_per_token
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
-from inflight.engine.sampling import Sampler, SamplingParams, make_generator
+from inflight.engine.sampling import SamplingParams
 from inflight.engine.sequence import Sequence, SequenceStatus
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats"]
@@ -345,7 +346,8 @@ class LLMEngine:
             t3 = time.perf_counter()
             sampling = inputs[-1].numel() if inputs[-1] is not None else 0
             seqs = self._sampling_seqs
-            tokens = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs]) if sampling else []
+            tokens = self.sampler(logits, [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
+                                  [s.generator for s in seqs]) if sampling else []
             touched = sched.update(batch, tokens, time.perf_counter())  # ... then the bookkeeping
         t4 = time.perf_counter()
         self._step_no += 1

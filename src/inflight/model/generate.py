@@ -11,22 +11,9 @@ import torch
 
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
+from inflight.model.sampler import Sampler
 
-__all__ = ["generate", "sample"]
-
-
-def sample(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token id per row of `logits [S, V]`: greedy at temperature 0, else nucleus sampling."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, idx = probs.sort(dim=-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # smallest prefix whose mass reaches top_p
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+__all__ = ["generate"]
 
 
 @torch.no_grad()
@@ -46,7 +33,7 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, tempe
         raise ValueError(f"prompt + max_new_tokens = {max_len} exceeds the model's context "
                          f"({cfg.max_position_embeddings})")
     cache = KVCache.for_model(cfg, num_blocks=len(prompts), block_size=max_len, dtype=model.dtype, device=dev)
-    gen = torch.Generator(device=dev).manual_seed(seed) if seed is not None else None
+    sampler = Sampler(seed if seed is not None else 0)  # one shared random stream for all rows
     outs: list[list[int]] = [[] for _ in prompts]
     lens = [len(p) for p in prompts]
     running = list(range(len(prompts)))
@@ -58,7 +45,8 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, tempe
         ids = torch.tensor([t for i in running for t in tokens[i]], device=dev)
         last = meta.query_start_loc[1:].long() - 1
         logits = model(ids, meta.positions, meta, cache, logits_indices=last)
-        nxt = sample(logits, temperature, top_p, gen).tolist()
+        n = len(running)
+        nxt = sampler(logits, [temperature] * n, [top_p] * n, [None] * n)
         still = []
         for i, t in zip(running, nxt):
             outs[i].append(t)
