@@ -3,10 +3,13 @@ size, token budget, chunking and preemption mode, the invariants hold after ever
 request ends exactly once with exactly max_tokens tokens, and nothing leaks."""
 from hypothesis import given, settings, strategies as st
 
-from inflight.exercises.engine_loop import Request, SimEngine, reference_step
+from inflight.engine.block_manager import blocks_needed
+from inflight.exercises.engine_loop import reference_step
+from inflight.sim.engine_sim import SimEngine
+from inflight.sim.workloads import Request
 
-requests = st.lists(st.builds(Request, st.integers(1, 20), st.integers(1, 15), st.integers(0, 10)),
-                    min_size=1, max_size=12)
+lengths = st.lists(st.tuples(st.integers(1, 20), st.integers(1, 15), st.integers(0, 10)), min_size=1, max_size=12)
+requests = lengths.map(lambda specs: [Request(str(i), p, o, a) for i, (p, o, a) in enumerate(specs)])
 
 
 @settings(max_examples=60, deadline=None)
@@ -14,7 +17,7 @@ requests = st.lists(st.builds(Request, st.integers(1, 20), st.integers(1, 15), s
        tokens=st.integers(0, 30), chunked=st.booleans(), preemption=st.sampled_from(["recompute", "swap"]),
        watermark=st.integers(0, 2))
 def test_invariants_and_completion(reqs, block_size, extra_blocks, batch, tokens, chunked, preemption, watermark):
-    biggest = max(-(-(r.prompt_len + r.max_tokens - 1) // block_size) for r in reqs)
+    biggest = max(blocks_needed(r.prompt_len + r.output_len - 1, block_size) for r in reqs)
     engine = SimEngine(reqs, num_blocks=biggest + watermark + extra_blocks, block_size=block_size, max_batch_size=batch,
                        max_batched_tokens=batch + tokens, enable_chunked_prefill=chunked, preemption=preemption,
                        watermark_blocks=watermark)
@@ -27,7 +30,7 @@ def test_invariants_and_completion(reqs, block_size, extra_blocks, batch, tokens
         assert len(sched.running) <= batch
         assert engine.step_no < 2000, "no progress: livelock"
     sched.reap()
-    assert all(s.num_output_tokens == reqs[int(s.request_id)].max_tokens for s in engine.seqs)
+    assert all(s.num_output_tokens == reqs[int(s.request_id)].output_len for s in engine.seqs)
     assert all(s.finish_reason == "length" for s in engine.seqs) and len(engine.seqs) == len(reqs)
     assert sched.allocator.num_free == sched.allocator.num_blocks
     if sched.cpu_allocator is not None:

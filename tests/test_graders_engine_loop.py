@@ -1,6 +1,7 @@
 """The engine-loop grader runs the learner's order and explains wrong ones from what it measured.
 Mutants are written here, independently of the package's Mistakes."""
-from inflight.exercises.engine_loop import SimEngine, WORKLOADS, check_engine_loop, measure_order, reference_step
+from inflight.exercises.engine_loop import WORKLOADS, check_engine_loop, measure_order, reference_step
+from inflight.sim.engine_sim import SimEngine
 
 
 def right(engine):

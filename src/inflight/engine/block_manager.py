@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Iterable, Sequence
 
+from inflight.checks import integer
+
 __all__ = ["BlockAllocator", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity"]
 
 
@@ -23,33 +25,23 @@ class NoFreeBlocksError(RuntimeError):
     """Raised when a request asks for more blocks than are free right now (it may fit later)."""
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        # numpy / torch integers are fine; floats and strings are not
-        try:
-            import operator
-
-            value = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size), 0 for 0 tokens."""
-    num_tokens = _check_int("num_tokens", num_tokens, 0)
-    block_size = _check_int("block_size", block_size, 1)
+    """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size), 0 for 0 tokens.
+
+    The engine asks this for every running request at every step, so plain non-negative ints take
+    a fast path; anything else goes through the package's checks (and is refused if it isn't one)."""
+    if not (type(num_tokens) is int and type(block_size) is int and num_tokens >= 0 and block_size >= 1):
+        num_tokens = integer("num_tokens", num_tokens, minimum=0)
+        block_size = integer("block_size", block_size, minimum=1)
     return -(-num_tokens // block_size)  # integer ceil, no float rounding
 
 
 def slot_mapping(block_table: Sequence[int], positions: Iterable[int], block_size: int) -> list[int]:
     """Cache slot of each token position: `block_table[p // block_size] * block_size + p % block_size`."""
-    block_size = _check_int("block_size", block_size, 1)
+    block_size = integer("block_size", block_size, minimum=1)
     slots = []
     for p in positions:
-        p = _check_int("position", p, 0)
+        p = integer("position", p, minimum=0)
         i = p // block_size
         if i >= len(block_table):
             raise ValueError(f"position {p} needs logical block {i}, but the block table has only {len(block_table)} blocks")
@@ -66,8 +58,8 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks = _check_int("num_blocks", num_blocks, 1)
-        self.block_size = _check_int("block_size", block_size, 1)
+        self.num_blocks = integer("num_blocks", num_blocks, minimum=1)
+        self.block_size = integer("block_size", block_size, minimum=1)
         # Free list: FIFO, so a just-freed block is reused last (friendlier to a later prefix cache,
         # which wants freed blocks to stay intact as long as possible). Built once: O(pool) at
         # construction only.
@@ -91,7 +83,7 @@ class BlockAllocator:
 
     def can_allocate(self, n: int) -> bool:
         """Whether `allocate(n)` would succeed right now."""
-        return _check_int("n", n, 0) <= len(self._free)
+        return integer("n", n, minimum=0) <= len(self._free)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks needed for `num_tokens` tokens at this allocator's block size (ceil division)."""
@@ -100,7 +92,7 @@ class BlockAllocator:
     # -- changes ---------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks off the free list, each with reference count 1. All or nothing."""
-        n = _check_int("n", n, 0)
+        n = integer("n", n, minimum=0)
         if n > self.num_blocks:
             raise ValueError(f"asked for {n} blocks but the pool only has {self.num_blocks}")
         if n > len(self._free):
@@ -146,11 +138,8 @@ class BlockAllocator:
         self._free.append(block)
 
     def _check_block(self, block: object) -> int:
-        try:
-            b = _check_int("block", block, 0)
-        except ValueError:
-            raise ValueError(f"unknown block {block}: ids run 0..{self.num_blocks - 1}") from None
-        if b >= self.num_blocks:
+        b = integer("block", block)
+        if not 0 <= b < self.num_blocks:
             raise ValueError(f"unknown block {b}: ids run 0..{self.num_blocks - 1}")
         return b
 

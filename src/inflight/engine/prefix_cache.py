@@ -21,12 +21,16 @@ import hashlib
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, _check_int
+from inflight.checks import integer
+from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from inflight.engine.sequence import Sequence as Request
 
 __all__ = ["PrefixCachingBlockAllocator", "PrefixCacheStats", "block_key", "block_keys", "cacheable_prefix_len",
-           "ROOT_KEY"]
+           "ROOT_KEY", "sequence_block_keys", "cached_prefix", "cache_full_blocks"]
 
 #: The parent key of a sequence's first block.
 ROOT_KEY = b""
@@ -47,8 +51,7 @@ def block_key(parent_key: bytes, tokens: Sequence[int]) -> bytes:
 
 def block_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
     """Chained keys of every *full* block of `token_ids` (a trailing partial block has no key)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    block_size = integer("block_size", block_size, minimum=1)
     keys, parent = [], ROOT_KEY
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = block_key(parent, token_ids[start:start + block_size])
@@ -177,12 +180,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def can_allocate(self, n: int) -> bool:
         """Whether `allocate(n)` would succeed right now (evicting cached blocks if it must)."""
-        return _check_int("n", n, 0) <= self.num_free
+        return integer("n", n, minimum=0) <= self.num_free
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks, never-keyed free ones first, then evicting the least recently used
         cached ones. All or nothing, reference count 1 each."""
-        n = _check_int("n", n, 0)
+        n = integer("n", n, minimum=0)
         if n > self.num_blocks:
             raise ValueError(f"asked for {n} blocks but the pool only has {self.num_blocks}")
         if n > self.num_free:  # checked before taking anything: no partial allocation
@@ -248,3 +251,39 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         return (f"PrefixCachingBlockAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"free={len(self._free)}, evictable={self.num_evictable}, used={self.num_used}, "
                 f"cached={self.num_cached})")
+
+
+# -- a request's view of the cache (the scheduler calls these) -----------------------------------
+def sequence_block_keys(seq: "Request", num_blocks: int, block_size: int) -> list[bytes]:
+    """`seq.block_hashes` extended to its first `num_blocks` full blocks (each key computed once:
+    a block's tokens never change once they exist, so its key survives preemption)."""
+    keys = seq.block_hashes
+    while len(keys) < num_blocks:
+        i = len(keys)
+        keys.append(block_key(keys[-1] if keys else ROOT_KEY, seq.token_ids[i * block_size:(i + 1) * block_size]))
+    return keys
+
+
+def cached_prefix(allocator: PrefixCachingBlockAllocator, seq: "Request") -> tuple[list[int], int]:
+    """The cached blocks `seq` can start from and the tokens they cover (never its last token).
+    Pure: nothing is taken until the scheduler admits the request."""
+    bs = allocator.block_size
+    blocks = []
+    for key in sequence_block_keys(seq, (seq.num_tokens - 1) // bs, bs):
+        b = allocator.lookup(key)
+        if b is None:
+            break
+        blocks.append(b)
+    return blocks, len(blocks) * bs
+
+
+def cache_full_blocks(allocator: PrefixCachingBlockAllocator, seq: "Request") -> None:
+    """After a forward pass: make every block of `seq` that is now full findable by its content key."""
+    bs = allocator.block_size
+    full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+    if seq.num_cached_blocks >= full:
+        return
+    keys = sequence_block_keys(seq, full, bs)
+    for i in range(seq.num_cached_blocks, full):
+        allocator.cache_block(seq.block_table[i], keys[i])  # False for a duplicate: it stays private
+    seq.num_cached_blocks = full

@@ -23,7 +23,7 @@ import math
 from numbers import Real
 from typing import Hashable, Sequence
 
-__all__ = ["priority_key", "choose_victim", "check_aging"]
+__all__ = ["effective_priority", "priority_key", "choose_victim", "check_aging"]
 
 
 def check_aging(aging: Real | None) -> float | None:
@@ -37,20 +37,23 @@ def check_aging(aging: Real | None) -> float | None:
     return float(aging)
 
 
-def priority_key(priority: int, arrival: float, seq_no: int = 0, aging: float | None = None) -> tuple:
-    """Sort key of a request: smaller = served first, larger = preempted first.
+def effective_priority(priority: int, arrival: float, aging: float | None = None) -> float:
+    """What requests are compared by: the priority itself, or with aging the virtual deadline
+    `arrival + priority * aging` (see the module docstring). Lower = more important."""
+    return priority if aging is None else arrival + priority * aging
 
-    Without aging: (priority, arrival, seq_no). With aging: the virtual deadline
-    `arrival + priority * aging` first (see the module docstring), then the same tie-breaks."""
-    if aging is None:
-        return (priority, arrival, seq_no)
-    return (arrival + priority * aging, priority, arrival, seq_no)
+
+def priority_key(priority: int, arrival: float, seq_no: int = 0, aging: float | None = None) -> tuple:
+    """Sort key of a request: smaller = served first, larger = preempted first —
+    (effective priority, arrival, submission order)."""
+    return (effective_priority(priority, arrival, aging), arrival, seq_no)
 
 
 def choose_victim(running: Sequence[tuple[Hashable, int, float]]) -> Hashable:
     """The request to preempt among `running` = [(request_id, priority, arrival), ...]: the lowest
     priority (largest value), then the latest arrival; on a full tie the one listed last (it was
-    submitted last)."""
+    submitted last). The engine calls this with each request's effective priority (aged, when aging
+    is on), so the rule the chapter asks for is the rule the engine runs."""
     if not running:
         raise ValueError("choose_victim needs at least one running request")
     best_i = max(range(len(running)), key=lambda i: (running[i][1], running[i][2], i))

@@ -16,15 +16,19 @@ Each step is its own short method so the book can show it and an exercise can re
 
 The scheduler knows nothing about tensors: swapping goes through a `swapper` (two callbacks), so
 the same code drives the real engine and the simulated KV pool of the chapter's exercise.
+vLLM's counterpart is `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`).
 """
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Iterable, Protocol
 
-from inflight.engine.block_manager import BlockAllocator
-from inflight.engine.prefix_cache import ROOT_KEY, block_key
+from inflight.checks import integer
+from inflight.engine.block_manager import BlockAllocator, blocks_needed
+from inflight.engine.invariants import check_scheduler
+from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
+from inflight.engine.priority import choose_victim
 from inflight.engine.sequence import Sequence, SequenceStatus, check_stop
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
@@ -51,29 +55,26 @@ class SchedulerConfig:
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
         for name in ("max_batch_size", "max_batched_tokens", "max_model_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            setattr(self, name, integer(name, getattr(self, name), minimum=1))
         if self.max_batched_tokens < self.max_batch_size:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_batch_size "
                              f"({self.max_batch_size}): every running request needs one token per step")
-        if self.watermark_blocks < 0:
-            raise ValueError(f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
+        self.watermark_blocks = integer("watermark_blocks", self.watermark_blocks, minimum=0)
 
 
 @dataclass
 class Budget:
-    """What admission may hand out in this step."""
+    """What admission may hand out in this step (admission spends it)."""
 
-    blocks: int    # free blocks - promised - watermark (negative: running requests need more than is free)
+    blocks: int    # free blocks - promised to running requests - watermark (negative: they need more than is free)
     tokens: int    # tokens left in this step's forward pass
     slots: int     # requests that may still join the batch
-    promised: int  # blocks reserved for the running requests' next tokens
 
 
 @dataclass
 class StepEvents:
-    """What happened in one iteration (the engine's stats and the exercise's measurements)."""
+    """The log of one iteration: every step method appends what it did (the engine's stats and the
+    exercise's measurements read it; nothing in the scheduler reads it back)."""
 
     reaped: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
@@ -133,11 +134,25 @@ class Scheduler:
         self.waiting: list[Sequence] = []   # sorted by (priority, arrival, submission)
         self.running: list[Sequence] = []   # admission order
         self.swapped: list[Sequence] = []   # sorted like waiting
-        self.current_budget = Budget(0, 0, 0, 0)
         self.events = StepEvents()
         self.num_preemptions = 0
 
     # -- queues ----------------------------------------------------------------------------------
+    def check_can_run(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse (ValueError) a request that could never finish in this pool: the submission rule,
+        stated with the same numbers admission and growth use."""
+        most = max(num_prompt_tokens, min(num_prompt_tokens + max_tokens, self.config.max_model_len) - 1)
+        need, total = blocks_needed(most, self.block_size), self.allocator.num_blocks
+        if need > total:
+            raise ValueError(f"this request can need {most} tokens of KV = {need} blocks, more than the whole pool "
+                             f"({total} blocks of {self.block_size}): it could never finish. "
+                             "Lower max_tokens or give the engine more blocks.")
+        first = blocks_needed(num_prompt_tokens, self.block_size)
+        wm = self.config.watermark_blocks
+        if not self.config.enable_chunked_prefill and first > total - wm:
+            raise ValueError(f"prompt needs {first} blocks but admission keeps {wm} of the {total} blocks "
+                             "free (watermark): it could never be admitted")
+
     def add(self, seq: Sequence) -> None:
         """Queue a new request (its place follows its priority, then its arrival)."""
         seq.status = SequenceStatus.WAITING
@@ -149,16 +164,15 @@ class Scheduler:
 
     def abort(self, seq: Sequence) -> None:
         """Drop a request wherever it is and give its blocks back."""
-        if seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
-        elif seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq.status is SequenceStatus.SWAPPED:
-            self.swapped.remove(seq)
+        queue = {SequenceStatus.WAITING: self.waiting, SequenceStatus.RUNNING: self.running,
+                 SequenceStatus.SWAPPED: self.swapped}.get(seq.status)
+        if queue is not None:
+            queue.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.FINISHED
 
     def begin_step(self) -> StepEvents:
+        """Start a new iteration's log."""
         self.events = StepEvents()
         return self.events
 
@@ -185,33 +199,30 @@ class Scheduler:
             if s.num_tokens - s.num_computed_tokens == 1:
                 s.num_scheduled_tokens = 1
                 tokens -= 1
-                if s.num_computed_tokens % bs == 0:  # the new token starts a fresh block
-                    promised += max(0, 1 + s.num_computed_tokens // bs - len(s.block_table))
+                promised += max(0, blocks_needed(s.num_computed_tokens + 1, bs) - len(s.block_table))
         for s in self.running:  # then the rest of any prompt being prefilled in chunks
             remaining = s.num_tokens - s.num_computed_tokens
             if remaining > 1:
-                q = min(remaining, tokens) if cfg.enable_chunked_prefill else remaining
-                q = max(q, 0)
+                q = max(min(remaining, tokens) if cfg.enable_chunked_prefill else remaining, 0)
                 s.num_scheduled_tokens = q
                 tokens -= q
-                promised += max(0, -(-(s.num_computed_tokens + q) // bs) - len(s.block_table))
+                promised += max(0, blocks_needed(s.num_computed_tokens + q, bs) - len(s.block_table))
         free = self.allocator.num_free - promised - cfg.watermark_blocks
-        self.current_budget = Budget(free, tokens, cfg.max_batch_size - len(self.running), promised)
-        self.events.budget = Budget(free, tokens, cfg.max_batch_size - len(self.running), promised)
-        return self.current_budget
+        self.events.budget = Budget(free, tokens, cfg.max_batch_size - len(self.running))
+        return Budget(free, tokens, cfg.max_batch_size - len(self.running))
 
     # -- 3. admit --------------------------------------------------------------------------------
-    def admit(self) -> list[Sequence]:
-        """Bring back swapped requests, then admit waiting ones in order, while the budget allows.
+    def admit(self, budget: Budget) -> list[Sequence]:
+        """Bring back swapped requests, then admit waiting ones in order, while `budget` allows
+        (admission spends it).
 
         Strict order (no skipping ahead): if the head of the queue does not fit, nobody behind it
         is admitted this step — head-of-line blocking, the price of fairness."""
-        b, cfg = self.current_budget, self.config
-        admitted: list[Sequence] = []
+        b = budget
         while self.swapped and b.slots > 0 and b.tokens > 0:
             s = self.swapped[0]
             q = self._chunk(s, b)
-            need = -(-(s.num_computed_tokens + q) // self.block_size)
+            need = blocks_needed(s.num_computed_tokens + q, self.block_size)
             if q == 0 or need > b.blocks or not self._can_allocate(need):
                 break
             self.swapped.pop(0)
@@ -219,14 +230,14 @@ class Scheduler:
             self._join(s, q, need, b)
             self.events.swapped_in.append(s)
         if self.swapped:  # swapped requests go first: no new admissions until they are all back
-            return admitted
-        caching = self.config.enable_prefix_caching
+            return []
+        admitted: list[Sequence] = []
         while self.waiting and b.slots > 0 and b.tokens > 0:
             s = self.waiting[0]
-            hit, cached = self._cached_prefix(s) if caching else ([], 0)
+            hit, cached = cached_prefix(self.allocator, s) if self.config.enable_prefix_caching else ([], 0)
             q = self._chunk(s, b, cached)
+            need = blocks_needed(cached + q, self.block_size) - len(hit)
             # reviving a cached block nobody holds uses up a free block, just like a new one
-            need = -(-(cached + q) // self.block_size) - len(hit)
             cost = need + (self.allocator.blocks_to_revive(hit) if hit else 0)
             if q == 0 or cost > b.blocks or not self._can_allocate(cost):
                 break
@@ -257,36 +268,6 @@ class Scheduler:
             return remaining  # (an over-long prompt may run alone in an otherwise empty step)
         return 0
 
-    # -- prefix caching -------------------------------------------------------------------------
-    def _hashes(self, s: Sequence, num_blocks: int) -> list[bytes]:
-        """`s.block_hashes` extended to its first `num_blocks` full blocks (each key computed once)."""
-        bs, keys = self.block_size, s.block_hashes
-        while len(keys) < num_blocks:
-            i = len(keys)
-            keys.append(block_key(keys[-1] if keys else ROOT_KEY, s.token_ids[i * bs:(i + 1) * bs]))
-        return keys
-
-    def _cached_prefix(self, s: Sequence) -> tuple[list[int], int]:
-        """The cached blocks `s` can start from and the tokens they cover (never its last token)."""
-        usable = (s.num_tokens - 1) // self.block_size
-        blocks = []
-        for key in self._hashes(s, usable):
-            b = self.allocator.lookup(key)
-            if b is None:
-                break
-            blocks.append(b)
-        return blocks, len(blocks) * self.block_size
-
-    def _cache_full_blocks(self, s: Sequence) -> None:
-        """After a forward pass: make every block of `s` that is now full findable by its content key."""
-        full = min(s.num_computed_tokens // self.block_size, len(s.block_table))
-        if s.num_cached_blocks >= full:
-            return
-        keys = self._hashes(s, full)
-        for i in range(s.num_cached_blocks, full):
-            self.allocator.cache_block(s.block_table[i], keys[i])  # False for a duplicate: it stays private
-        s.num_cached_blocks = full
-
     def _can_allocate(self, need: int) -> bool:
         if self.allocator.can_allocate(need):
             return True
@@ -306,32 +287,29 @@ class Scheduler:
     def preempt(self) -> list[Sequence]:
         """Allocate the blocks each running request's scheduled tokens need; when the pool runs dry,
         preempt the lowest-priority (latest-arrived) running request until the rest fit."""
-        bs, alloc = self.block_size, self.allocator
-        needs = []
-        total = 0
-        for s in self.running:
-            if s.num_scheduled_tokens:
-                n = -(-(s.num_computed_tokens + s.num_scheduled_tokens) // bs) - len(s.block_table)
-                if n > 0:
-                    needs.append((s, n))
-                    total += n
+        alloc = self.allocator
+        needs = [(s, blocks_needed(s.num_computed_tokens + s.num_scheduled_tokens, self.block_size)
+                  - len(s.block_table)) for s in self.running if s.num_scheduled_tokens]
+        needs = [(s, n) for s, n in needs if n > 0]
         victims: list[Sequence] = []
-        if total <= alloc.num_free:  # the common case: everything fits, no sorting needed
+        if sum(n for _, n in needs) <= alloc.num_free:  # the common case: everything fits
             for s, n in needs:
                 s.block_table.extend(alloc.allocate(n))
             return victims
         for s, n in sorted(needs, key=lambda sn: _key(sn[0])):  # most important first
-            if s.status is not SequenceStatus.RUNNING:
-                continue  # already preempted as a victim of someone more important
-            while n > alloc.num_free:
-                victim = max((r for r in self.running), key=_key)
+            while s.status is SequenceStatus.RUNNING and n > alloc.num_free:
+                victim = self.choose_victim()
                 self._preempt(victim)
                 victims.append(victim)
-                if victim is s:
-                    break
-            if s.status is SequenceStatus.RUNNING:
+            if s.status is SequenceStatus.RUNNING:  # (it may itself have been the victim)
                 s.block_table.extend(alloc.allocate(n))
         return victims
+
+    def choose_victim(self) -> Sequence:
+        """The running request to preempt: chapter 8's `choose_victim` over (request, effective
+        priority, arrival), listed in submission order so a full tie takes the last submitted."""
+        ordered = sorted(self.running, key=lambda s: s.seq_no)
+        return choose_victim([(s, s.sort_key[0], s.sort_key[1]) for s in ordered])
 
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
@@ -339,22 +317,20 @@ class Scheduler:
         s.num_preemptions += 1
         self.num_preemptions += 1
         self.events.preempted.append(s)
-        keep = -(-s.num_computed_tokens // self.block_size)  # blocks holding computed KV
+        keep = blocks_needed(s.num_computed_tokens, self.block_size)  # blocks holding computed KV
         cpu = self.cpu_allocator
-        if self.config.preemption == "swap" and keep > 0 and cpu is not None and cpu.can_allocate(keep):
+        swap = self.config.preemption == "swap" and keep > 0 and cpu is not None and cpu.can_allocate(keep)
+        if swap:
             cpu_blocks = cpu.allocate(keep)
             self.swapper.swap_out(list(zip(s.block_table[:keep], cpu_blocks)))
-            self.allocator.free(s.block_table)
-            s.block_table = []
-            s.num_cached_blocks = 0
+        self.allocator.free(s.block_table)
+        s.block_table, s.num_cached_blocks = [], 0
+        if swap:
             s.cpu_block_table = cpu_blocks
             s.status = SequenceStatus.SWAPPED
             self.events.blocks_swapped_out += keep
             bisect.insort(self.swapped, s, key=_key)
         else:  # recompute (or the CPU pool is full): forget the KV, prefill everything again later
-            self.allocator.free(s.block_table)
-            s.block_table = []
-            s.num_cached_blocks = 0
             s.num_computed_tokens = 0
             s.status = SequenceStatus.WAITING
             bisect.insort(self.waiting, s, key=_key)  # its early arrival puts it at the front
@@ -371,16 +347,12 @@ class Scheduler:
     def batch(self) -> SchedulerOutput:
         """The ragged batch for the model: every running request with tokens scheduled and KV slots for them."""
         seqs, prefill, decode = [], 0, 0
-        bs = self.block_size
         for s in self.running:
-            q = s.num_scheduled_tokens
-            if not q:
+            q = min(s.num_scheduled_tokens, s.num_tokens - s.num_computed_tokens)  # (a stale plan can't overrun)
+            s.num_scheduled_tokens = max(q, 0)
+            if q <= 0:
                 continue
-            if q > 1 or s.num_computed_tokens + q > s.num_tokens:  # (a stale plan can't compute beyond the end)
-                q = s.num_scheduled_tokens = min(q, s.num_tokens - s.num_computed_tokens)
-                if q <= 0:
-                    continue
-            if len(s.block_table) * bs < s.num_computed_tokens + q:  # no KV slot yet: it can't run this step
+            if len(s.block_table) * self.block_size < s.num_computed_tokens + q:  # no KV slot: can't run now
                 self.events.tokens_without_kv += q
                 continue
             seqs.append(s)
@@ -397,11 +369,10 @@ class Scheduler:
         eos, max_len = self.config.eos_token_ids, self.config.max_model_len
         it = iter(sampled)
         touched = []
-        caching = self.config.enable_prefix_caching
         for s in out.seqs:  # (the plan, num_scheduled_tokens, stays until the next budget replaces it)
             s.num_computed_tokens += s.num_scheduled_tokens
-            if caching:
-                self._cache_full_blocks(s)
+            if self.config.enable_prefix_caching:
+                cache_full_blocks(self.allocator, s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
             token = next(it)
@@ -423,7 +394,10 @@ class Scheduler:
         """Which requests of the batch sample a token this step (their prefill completes)."""
         return [s.num_computed_tokens + s.num_scheduled_tokens == s.num_tokens for s in out.seqs]
 
-    # -- helpers ---------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the books don't balance (see `inflight.engine.invariants`)."""
+        check_scheduler(self)
+
     def _release(self, s: Sequence) -> None:
         if s.block_table:
             self.allocator.free(s.block_table)
@@ -432,45 +406,6 @@ class Scheduler:
         if s.cpu_block_table and self.cpu_allocator is not None:
             self.cpu_allocator.free(s.cpu_block_table)
             s.cpu_block_table = []
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError if the books don't balance (the engine's debug mode calls this every step)."""
-        bs = self.block_size
-        owners: dict[int, int] = {}
-        queues = {"waiting": self.waiting, "running": self.running, "swapped": self.swapped}
-        seen: set[int] = set()
-        for name, queue in queues.items():
-            for s in queue:
-                assert id(s) not in seen, f"request {s.request_id} is in two queues"
-                seen.add(id(s))
-                assert s.finish_reason is None or name == "running", f"finished request {s.request_id} still {name}"
-        for s in self.running:
-            assert s.status is SequenceStatus.RUNNING, f"{s.request_id}: running queue but status {s.status}"
-            want = -(-s.num_computed_tokens // bs)
-            assert len(s.block_table) == want, (f"request {s.request_id} holds {len(s.block_table)} blocks but its "
-                                                f"{s.num_computed_tokens} computed tokens need {want}")
-            for b in s.block_table:
-                owners[b] = owners.get(b, 0) + 1
-        for s in self.waiting:
-            assert s.status is SequenceStatus.WAITING and not s.block_table and s.num_computed_tokens == 0, \
-                f"waiting request {s.request_id} holds blocks or computed tokens"
-        for s in self.swapped:
-            assert s.status is SequenceStatus.SWAPPED and not s.block_table, f"swapped {s.request_id} holds device blocks"
-            assert len(s.cpu_block_table) == -(-s.num_computed_tokens // bs), f"swapped {s.request_id}: wrong CPU blocks"
-        if self.config.enable_prefix_caching:
-            self.allocator.check_invariants()  # free / evictable / in use add up, key maps agree
-            for s in self.running:  # a cached block holds exactly the content its key names
-                for i, b in enumerate(s.block_table):
-                    key = self.allocator.key_of(b)
-                    assert key is None or (i < len(s.block_hashes) and key == s.block_hashes[i]), \
-                        f"request {s.request_id}: block {b} (logical {i}) is cached under another prefix's key"
-        for b, n in owners.items():
-            assert self.allocator.ref_count(b) == n, f"block {b} owned {n} times, ref count {self.allocator.ref_count(b)}"
-        assert self.allocator.num_free + len(owners) == self.allocator.num_blocks, (
-            f"free ({self.allocator.num_free}) + owned ({len(owners)}) != total ({self.allocator.num_blocks}): blocks leaked")
-        if self.cpu_allocator is not None:
-            cpu_owned = sum(len(s.cpu_block_table) for s in self.swapped)
-            assert self.cpu_allocator.num_used == cpu_owned, "CPU pool blocks leaked"
 
 
 def _key(s: Sequence):

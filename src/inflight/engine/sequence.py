@@ -45,7 +45,7 @@ class Sequence:
         self.arrival_time = arrival_time
         self.seq_no = seq_no  # submission order: breaks arrival-time ties deterministically
         self.priority = params.priority
-        self.sort_key = (params.priority, arrival_time, seq_no)  # lower = served first (see fairness.priority_key)
+        self.sort_key = (params.priority, arrival_time, seq_no)  # lower = served first (see engine.priority.priority_key)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0   # tokens whose K/V are in the cache
         self.num_scheduled_tokens = 0  # tokens this step's forward pass will compute
@@ -76,15 +76,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def in_prefill(self) -> bool:
-        """More than one token still to compute: the prompt (or a recompute) is not done yet."""
-        return self.num_tokens - self.num_computed_tokens > 1
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens} "

@@ -10,120 +10,15 @@ no KV slot, preemptions, time to first token. A wrong order is explained from th
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from inflight.engine.block_manager import BlockAllocator
-from inflight.engine.scheduler import STEP_ORDER, Scheduler, SchedulerConfig
-from inflight.engine.sampling import SamplingParams
-from inflight.engine.sequence import Sequence as Seq
+from inflight.engine.scheduler import STEP_ORDER
 from inflight.exercises.grading import Case, GradeResult, Mistake, grade
+from inflight.sim.engine_sim import SimEngine
+from inflight.sim.workloads import Request
 
-__all__ = ["SimEngine", "Request", "reference_step", "step_from_order", "measure_order", "check_engine_loop",
+__all__ = ["reference_step", "step_from_order", "measure_order", "check_engine_loop",
            "MISTAKE_ORDERS", "WORKLOADS"]
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt_len: int
-    max_tokens: int
-    arrival_step: int = 0
-
-
-class SimEngine:
-    """The engine's scheduler over a simulated KV pool: same five steps, no tensors, no model.
-
-    `decode()` "runs" the batch: every scheduled token counts as computed and each request whose
-    prefill is complete gets one token. Steps are the clock (TTFT is measured in steps)."""
-
-    def __init__(self, requests: Sequence[Request], num_blocks: int, block_size: int = 4, max_batch_size: int = 4,
-                 max_batched_tokens: int = 64, enable_chunked_prefill: bool = True, preemption: str = "recompute",
-                 watermark_blocks: int = 0):
-        cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
-                              enable_chunked_prefill=enable_chunked_prefill, preemption=preemption,
-                              watermark_blocks=watermark_blocks, max_model_len=10**6)
-        cpu = BlockAllocator(num_blocks, block_size) if preemption == "swap" else None
-        self.scheduler = Scheduler(BlockAllocator(num_blocks, block_size), cfg, cpu)
-        self.pending = sorted(enumerate(requests), key=lambda ir: (ir[1].arrival_step, ir[0]))
-        self.seqs: list[Seq] = []
-        self.step_no = 0
-        self.log: list[dict] = []
-        self.calls: list[str] = []
-        self.overcommitted = 0
-
-    # the five steps, as the learner calls them
-    def reap(self):
-        self.calls.append("reap")
-        return self.scheduler.reap()
-
-    def budget(self):
-        self.calls.append("budget")
-        return self.scheduler.budget()
-
-    def admit(self):
-        """Admit, and measure overcommitment: blocks handed out that the running requests' plan needed."""
-        self.calls.append("admit")
-        sched = self.scheduler
-        bs = sched.block_size
-        promised = sum(max(0, -(-(s.num_computed_tokens + s.num_scheduled_tokens) // bs) - len(s.block_table))
-                       for s in sched.running if s.finish_reason is None)
-        really_free = max(0, sched.allocator.num_free - promised - sched.config.watermark_blocks)
-        before = sched.allocator.num_free
-        admitted = sched.admit()
-        self.overcommitted += max(0, (before - sched.allocator.num_free) - really_free)
-        return admitted
-
-    def preempt(self):
-        self.calls.append("preempt")
-        return self.scheduler.preempt()
-
-    def decode(self):
-        self.calls.append("decode")
-        sched = self.scheduler
-        batch = sched.batch()
-        n = sum(sched.sampling_mask(batch))
-        sched.update(batch, [1] * n, float(self.step_no))  # token 1 is never a stop token here
-        self._batch = batch
-        return batch
-
-    # the clock
-    def arrive(self) -> None:
-        while self.pending and self.pending[0][1].arrival_step <= self.step_no:
-            i, r = self.pending.pop(0)
-            seq = Seq(str(i), [1] * r.prompt_len, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
-                      arrival_time=float(self.step_no), seq_no=i)
-            self.seqs.append(seq)
-            self.scheduler.add(seq)
-
-    def run_step(self, step: Callable[["SimEngine"], Any]) -> dict:
-        """Deliver this step's arrivals, run `step(self)` once, and record what it did."""
-        self.arrive()
-        ev = self.scheduler.begin_step()
-        self._batch = None
-        self.overcommitted = 0
-        waiting_before = len(self.scheduler.waiting) + len(self.scheduler.swapped)
-        step(self)
-        b = self._batch
-        rec = {
-            "admitted": len(ev.admitted) + len(ev.swapped_in),
-            "reaped": len(ev.reaped),
-            "preempted": len(ev.preempted),
-            "batch": len(b.seqs) if b is not None else 0,
-            "tokens": b.num_tokens if b is not None else 0,
-            "wasted_tokens": ev.wasted_tokens,
-            "tokens_without_kv": ev.tokens_without_kv,
-            "overcommitted_blocks": ev.overcommitted_blocks + self.overcommitted,
-            # blocks nobody used during the forward pass although requests were waiting for memory
-            "idle_blocks": ev.free_blocks_at_decode if (b is not None and waiting_before and len(ev.admitted) == 0
-                                                        and self.scheduler.waiting) else 0,
-            "decoded": b is not None,
-        }
-        self.log.append(rec)
-        self.step_no += 1
-        return rec
-
-    def done(self) -> bool:
-        return not self.pending and not self.scheduler.has_unfinished()
 
 
 def reference_step(engine: SimEngine) -> None:
@@ -151,22 +46,26 @@ def step_from_order(order: Sequence[str]) -> Callable[[SimEngine], None]:
 
 
 # -- workloads and measurements ------------------------------------------------------------------
+def _requests(*specs: tuple) -> list[Request]:
+    """Requests from (prompt_len, output_len[, arrival step]) triples, named by their position."""
+    return [Request(str(i), p, o, *rest) for i, (p, o, *rest) in enumerate(specs)]
+
+
 def _tight_pool() -> dict:
     """Short and long requests over a pool that holds about three of them: finishes, waits, growth."""
-    reqs = [Request(6, 3), Request(5, 9), Request(7, 4), Request(4, 12), Request(6, 2, 1), Request(5, 6, 2),
-            Request(8, 5, 3), Request(3, 8, 4), Request(6, 3, 6), Request(4, 10, 7)]
+    reqs = _requests((6, 3), (5, 9), (7, 4), (4, 12), (6, 2, 1), (5, 6, 2), (8, 5, 3), (3, 8, 4), (6, 3, 6), (4, 10, 7))
     return dict(requests=reqs, num_blocks=10, block_size=4, max_batch_size=4, max_batched_tokens=32)
 
 
 def _growth() -> dict:
     """Requests that all keep growing in a pool too small for all of them: preemption territory."""
-    reqs = [Request(4, 14), Request(4, 14), Request(4, 14), Request(4, 14), Request(2, 3, 2), Request(2, 3, 3)]
+    reqs = _requests((4, 14), (4, 14), (4, 14), (4, 14), (2, 3, 2), (2, 3, 3))
     return dict(requests=reqs, num_blocks=11, block_size=4, max_batch_size=4, max_batched_tokens=32)
 
 
 def _trickle() -> dict:
     """One request at a time arriving on an idle engine: every step of delay shows in TTFT."""
-    reqs = [Request(3, 2, 0), Request(3, 2, 4), Request(5, 3, 8)]
+    reqs = _requests((3, 2, 0), (3, 2, 4), (5, 3, 8))
     return dict(requests=reqs, num_blocks=16, block_size=4, max_batch_size=4, max_batched_tokens=32)
 
 

@@ -8,23 +8,24 @@ Two layouts serve the same requests from the same pool of token slots:
   whenever its last block fills; when the pool runs dry the youngest request is preempted
   (its blocks freed, recomputed later), as vLLM does.
 
-A step model: a request admitted at step t holds `prompt_len + 1` tokens at t (prefill wrote the
-prompt and produced the first output token), one more every step after, and is freed after the
-step in which it reaches `prompt_len + output_len`. Utilization = Σ_steps tokens / Σ_steps
-reserved slots. The paged *ceiling* is what paging cannot avoid: each request's unfilled tail of
+Both run the engine's own scheduler (`inflight.sim.engine_sim.SimEngine`, no model): a request
+admitted at step t has its whole prompt's KV written in that step, one more token's KV every step
+after, and its blocks go back at the reap after its last token. Utilization = Σ_steps tokens in
+the cache / Σ_steps reserved slots. The paged *ceiling* is what paging cannot avoid: each request's unfilled tail of
 its last block, Σ ceil(tokens_i / bs) · bs.
 """
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, ensure_capacity
+from inflight.engine.block_manager import blocks_needed
+from inflight.sim.engine_sim import SimEngine
+from inflight.sim.workloads import Request
 
 __all__ = ["KVTimeline", "simulate_kv", "short_chat", "sharegpt_like", "lengths_of", "utilization_table",
            "tail_waste_estimate", "requests_that_fit"]
@@ -114,96 +115,46 @@ def simulate_kv(requests: Iterable[Any], layout: str = "paged", *, block_size: i
                 max_batch_size: int | None = None, watermark: float = 0.01) -> KVTimeline:
     """Run `requests` (all waiting at step 0, FCFS) through a KV pool of `pool_slots` token slots.
 
-    `layout`: "contiguous" (reserve `max_len` per request) or "paged" (blocks of `block_size` from a
-    `BlockAllocator`). `max_len` defaults to the workload's longest prompt + longest output (what a
-    server must allow); `pool_slots` defaults to 32 contiguous reservations. `watermark`: the
-    fraction of paged blocks admission leaves free for running requests to grow into (vLLM's 1%).
-    """
+    `layout`: "contiguous" (reserve `max_len` per request) or "paged" (blocks of `block_size`).
+    `max_len` defaults to the workload's longest prompt + longest output (what a server must
+    allow); `pool_slots` defaults to 32 contiguous reservations. `watermark`: the fraction of
+    paged blocks admission leaves free for running requests to grow into (vLLM's 1%).
+    The steps are the engine's own (`SimEngine`: reap, budget, admit, preempt, decode), with whole
+    prompts prefilled at admission; each step records the tokens whose KV is in the cache."""
     reqs = lengths_of(requests)
     if not reqs:
         raise ValueError("no requests")
     if layout not in ("paged", "contiguous"):
         raise ValueError(f"layout must be 'paged' or 'contiguous', got {layout!r}")
+    if not 0 <= watermark < 1:
+        raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     longest = max(p + o for p, o in reqs)
     max_len = max_len or (max(p for p, _ in reqs) + max(o for _, o in reqs))
     if max_len < longest:
         raise ValueError(f"max_len {max_len} is shorter than the longest request ({longest} tokens)")
     pool_slots = pool_slots or 32 * max_len
-    if pool_slots < max_len:
-        raise ValueError(f"a pool of {pool_slots} slots cannot hold even one request of max_len {max_len}")
-    max_batch_size = max_batch_size or len(reqs)
-
-    if layout == "paged":
-        alloc = BlockAllocator(pool_slots // block_size, block_size)
-        unit = block_size
-    else:
-        alloc = BlockAllocator(pool_slots // max_len, max_len)  # one "block" = one max-length reservation
-        unit = max_len
-    if alloc.num_blocks * unit < longest:
-        raise ValueError(f"a pool of {pool_slots} slots ({alloc.num_blocks} blocks of {unit}) cannot hold "
+    unit = block_size if layout == "paged" else max_len  # contiguous: one "block" = one max-length reservation
+    num_blocks = pool_slots // unit
+    if num_blocks * unit < longest or num_blocks < 1:
+        raise ValueError(f"a pool of {pool_slots} slots ({num_blocks} blocks of {unit}) cannot hold "
                          f"the longest request ({longest} tokens)")
-    if not 0 <= watermark < 1:
-        raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-    reserve = int(watermark * alloc.num_blocks) if layout == "paged" else 0
-    waiting: deque[int] = deque(range(len(reqs)))
-    running: list[int] = []  # admission order: the last one is the youngest (preempted first)
-    tables: dict[int, list[int]] = {}
-    held: dict[int, int] = {}
+    batch = max_batch_size or len(reqs)
+    sim = SimEngine([Request(str(i), p, o) for i, (p, o) in enumerate(reqs)], num_blocks=num_blocks,
+                    block_size=unit, max_batch_size=batch, max_batched_tokens=max(batch, 10**9),
+                    enable_chunked_prefill=False,
+                    watermark_blocks=int(watermark * num_blocks) if layout == "paged" else 0)
     tokens_t, reserved_t, ceiling_t, running_t = [], [], [], []
-    preemptions = finished = 0
-
-    def need(n_tokens: int) -> int:
-        return alloc.blocks_needed(n_tokens) if layout == "paged" else 1
-
-    while waiting or running:
-        # 1. admit FCFS while the head of the queue fits (no skipping ahead)
-        admitted = set()
-        while waiting and len(running) < max_batch_size:
-            i = waiting[0]
-            first = reqs[i][0] + 1  # prefill wrote the prompt and produced the first output token
-            if not alloc.can_allocate(need(first) + (reserve if running else 0)):
-                break
-            waiting.popleft()
-            tables[i] = alloc.allocate(need(first))
-            held[i] = first
-            running.append(i)
-            admitted.add(i)
-        # 2. every earlier request decodes one token; a paged one may need a new block, and when
-        #    the pool is dry the youngest running request is preempted (recomputed later)
-        for i in list(running):
-            if i in admitted or i not in tables:  # just admitted, or preempted a moment ago
-                continue
-            if layout == "paged":
-                while i in tables:
-                    try:
-                        ensure_capacity(alloc, tables[i], held[i] + 1)
-                        break
-                    except NoFreeBlocksError:
-                        victim = running.pop()
-                        alloc.free(tables.pop(victim))
-                        held.pop(victim)
-                        waiting.appendleft(victim)
-                        admitted.discard(victim)
-                        preemptions += 1
-                if i not in tables:
-                    continue
-            held[i] += 1
-        if not running and waiting:
-            raise RuntimeError("a request does not fit in the pool on its own")
-        # 3. record the step
-        tok = sum(held[i] for i in running)
-        tokens_t.append(tok)
-        reserved_t.append(alloc.num_used * unit)
-        ceiling_t.append(sum(-(-held[i] // unit) * unit for i in running) if layout == "paged" else alloc.num_used * unit)
+    preemptions = 0
+    while not sim.done():
+        preemptions += sim.run_step(SimEngine.step_in_order)["preempted"]
+        running = sim.scheduler.running  # (finished ones hold their blocks until the next reap)
+        tokens_t.append(sum(s.num_computed_tokens for s in running))
+        reserved_t.append(sim.scheduler.allocator.num_used * unit)
+        ceiling_t.append(sum(blocks_needed(s.num_computed_tokens, unit) * unit for s in running))
         running_t.append(len(running))
-        # 4. finished requests give their memory back
-        for i in list(running):
-            p, o = reqs[i]
-            if held[i] >= p + o:
-                alloc.free(tables.pop(i))
-                held.pop(i)
-                running.remove(i)
-                finished += 1
+        if sim.step_no > 100 * (longest + len(reqs)):
+            raise RuntimeError("the KV simulation made no progress")  # a guard: the engine's rules never loop
+    finished = sum(s.finish_reason is not None for s in sim.seqs)
     return KVTimeline(layout, unit, pool_slots, np.array(tokens_t), np.array(reserved_t),
                       np.array(ceiling_t), np.array(running_t), preemptions, finished)
 

@@ -11,23 +11,8 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Hashable, Mapping
 
+from inflight.checks import integer, number
 from inflight.engine.priority import check_aging, priority_key
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
-
-
-def _check_positive_number(name: str, value: object) -> Real:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not value > 0:  # also rejects NaN
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
 
 
 @dataclass
@@ -41,7 +26,7 @@ class _SchedulerBase:
     """Waiting queue, active batch and the checks on `add_request` shared by both schedulers."""
 
     def __init__(self, max_batch_size: int):
-        self.max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
+        self.max_batch_size = integer("max_batch_size", max_batch_size, minimum=1)
         self._waiting: deque[_Entry] = deque()
         self._active: dict[Hashable, _Entry] = {}  # insertion order = admission order
         self._unfinished: set = set()  # ids waiting or running, for the duplicate check
@@ -55,10 +40,17 @@ class _SchedulerBase:
             hash(request_id)
         except TypeError:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
-        _check_positive_int("num_tokens", num_tokens)
-        _check_positive_number("memory_cost", memory_cost)
+        num_tokens = integer("num_tokens", num_tokens, minimum=1)
+        memory_cost = number("memory_cost", memory_cost, above=0)
         if request_id in self._unfinished:
             raise ValueError(f"duplicate request id {request_id!r}: it is already waiting or running")
+        if self._unfinished:  # step() returns ids sorted, so they must compare with each other
+            other = next(iter(self._unfinished))
+            try:
+                sorted([other, request_id])
+            except TypeError:
+                raise TypeError(f"request_id {request_id!r} ({type(request_id).__name__}) cannot be sorted with the "
+                                f"other ids ({other!r} is a {type(other).__name__}): use ids of one type") from None
         self._unfinished.add(request_id)
         self._waiting.append(_Entry(request_id, num_tokens, memory_cost))
 
@@ -123,7 +115,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
     def __init__(self, max_batch_size: int, max_memory: Real | None = None):
         super().__init__(max_batch_size)
         if max_memory is not None:
-            _check_positive_number("max_memory", max_memory)
+            max_memory = number("max_memory", max_memory, above=0)
         self.max_memory = max_memory
 
     def _fits(self, entry: _Entry, used: Real) -> bool:
@@ -195,8 +187,7 @@ class PriorityScheduler(ContinuousBatchScheduler):
         """Queue a request; `priority` (lower = sooner) defaults to `priorities.get(request_id, 0)`."""
         if priority is None:
             priority = self.priorities.get(request_id, 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
+        priority = integer("priority", priority)
         super().add_request(request_id, num_tokens, memory_cost)
         self._waiting[-1].sort_key = priority_key(priority, self._now, self._seq, self.aging)
         self._seq += 1

@@ -1,0 +1,79 @@
+"""Do the books balance? The checks `LLMEngine(debug=True)` runs after every step (and the tests
+run everywhere): every block has as many holders as its reference count says, free + held = total,
+each running request holds exactly the blocks its computed tokens need, no request sits in two
+queues, and every submitted request is either live or ended exactly once.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from inflight.engine.block_manager import blocks_needed
+from inflight.engine.sequence import SequenceStatus
+
+if TYPE_CHECKING:  # pragma: no cover
+    from inflight.engine.scheduler import Scheduler
+    from inflight.engine.sequence import Sequence
+
+__all__ = ["check_scheduler", "check_requests"]
+
+
+def _check_queues(sched: "Scheduler") -> None:
+    seen: set[int] = set()
+    for name, queue in (("waiting", sched.waiting), ("running", sched.running), ("swapped", sched.swapped)):
+        for s in queue:
+            assert id(s) not in seen, f"request {s.request_id} is in two queues"
+            seen.add(id(s))
+            assert s.finish_reason is None or name == "running", f"finished request {s.request_id} still {name}"
+    for s in sched.waiting:
+        assert s.status is SequenceStatus.WAITING and not s.block_table and s.num_computed_tokens == 0, \
+            f"waiting request {s.request_id} holds blocks or computed tokens"
+    for s in sched.swapped:
+        assert s.status is SequenceStatus.SWAPPED and not s.block_table, f"swapped {s.request_id} holds device blocks"
+        assert len(s.cpu_block_table) == blocks_needed(s.num_computed_tokens, sched.block_size), \
+            f"swapped {s.request_id}: wrong CPU blocks"
+
+
+def _check_blocks(sched: "Scheduler") -> None:
+    owners: dict[int, int] = {}
+    for s in sched.running:
+        assert s.status is SequenceStatus.RUNNING, f"{s.request_id}: running queue but status {s.status}"
+        want = blocks_needed(s.num_computed_tokens, sched.block_size)
+        assert len(s.block_table) == want, (f"request {s.request_id} holds {len(s.block_table)} blocks but its "
+                                            f"{s.num_computed_tokens} computed tokens need {want}")
+        for b in s.block_table:
+            owners[b] = owners.get(b, 0) + 1
+    alloc = sched.allocator
+    for b, n in owners.items():
+        assert alloc.ref_count(b) == n, f"block {b} owned {n} times, ref count {alloc.ref_count(b)}"
+    assert alloc.num_free + len(owners) == alloc.num_blocks, (
+        f"free ({alloc.num_free}) + owned ({len(owners)}) != total ({alloc.num_blocks}): blocks leaked")
+    if sched.cpu_allocator is not None:
+        cpu_owned = sum(len(s.cpu_block_table) for s in sched.swapped)
+        assert sched.cpu_allocator.num_used == cpu_owned, "CPU pool blocks leaked"
+
+
+def _check_prefix_cache(sched: "Scheduler") -> None:
+    sched.allocator.check_invariants()  # free / evictable / in use add up, key maps agree
+    for s in sched.running:  # a cached block holds exactly the content its key names
+        for i, b in enumerate(s.block_table):
+            key = sched.allocator.key_of(b)
+            assert key is None or (i < len(s.block_hashes) and key == s.block_hashes[i]), \
+                f"request {s.request_id}: block {b} (logical {i}) is cached under another prefix's key"
+
+
+def check_scheduler(sched: "Scheduler") -> None:
+    """Raise AssertionError if the scheduler's queues and block pools don't balance."""
+    _check_queues(sched)
+    _check_blocks(sched)
+    if sched.config.enable_prefix_caching:
+        _check_prefix_cache(sched)
+
+
+def check_requests(sched: "Scheduler", requests: Iterable["Sequence"]) -> None:
+    """Every request the engine still tracks is either live in a queue or ended, never both."""
+    live = {s.request_id for q in (sched.waiting, sched.running, sched.swapped) for s in q if s.finish_reason is None}
+    tracked = {s.request_id: s for s in requests}
+    ended = {rid for rid, s in tracked.items() if s.finish_reason is not None}
+    assert not (live & ended), f"requests both live and ended: {sorted(live & ended)[:5]}"
+    lost = set(tracked) - live - ended
+    assert not lost, f"requests lost: {sorted(lost)[:5]}"

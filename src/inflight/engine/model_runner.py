@@ -1,0 +1,159 @@
+"""`ModelRunner`: everything one step does with tensors (nano-vllm's `model_runner.py`).
+
+The scheduler decides *who* runs and *how many tokens* each computes; it knows nothing about
+tensors. The runner turns that decision into one forward pass: it flattens the ragged batch into
+token ids and attention metadata (`prepare`), runs the model over the paged KV cache, and samples
+one token for every request whose prompt is now complete. It also owns the KV cache's sizing and
+the copies between the device pool and the CPU pool that swap preemption needs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inflight.engine.block_manager import blocks_needed
+from inflight.engine.scheduler import SchedulerOutput
+from inflight.engine.sequence import Sequence
+from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.kv_cache import KVCache, default_kv_budget_bytes, kv_bytes_per_token
+from inflight.model.sampler import Sampler
+
+__all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "default_num_blocks", "default_swap_blocks",
+           "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]
+
+#: On CPU, without `num_blocks`: enough blocks for `max_batch_size` requests of this many tokens each.
+CPU_DEFAULT_TOKENS_PER_REQUEST = 512
+#: On CUDA, without `num_blocks`: this fraction of the memory free after the weights are loaded.
+GPU_MEMORY_FRACTION = 0.5
+
+
+@dataclass
+class StepInputs:
+    """One step's batch as tensors: `logits_indices` are the rows to sample from, one per request
+    in `sampling_seqs` (those whose prompt is complete after this step), in batch order."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampling_seqs: list[Sequence]
+
+
+@dataclass
+class StepTimes:
+    """Where one step's tensor work went (seconds)."""
+
+    prepare: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+
+
+class ModelRunner:
+    """Runs scheduled batches through `model` over `kv_cache` and samples the next tokens."""
+
+    def __init__(self, model: Any, kv_cache: KVCache, sampler: Sampler):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.sampler = sampler
+        self.device = kv_cache.device
+
+    def prepare(self, batch: SchedulerOutput) -> StepInputs:
+        """Flatten the ragged batch: each request contributes its tokens from `num_computed_tokens`
+        on (a prefill chunk, or the one new token of a decode), and is sampled if that reaches its end."""
+        input_ids: list[int] = []
+        query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
+        for s in batch.seqs:
+            q, done = s.num_scheduled_tokens, s.num_computed_tokens
+            input_ids.extend(s.token_ids[done:done + q])
+            query_lens.append(q)
+            context_lens.append(done + q)
+            tables.append(s.block_table)
+            if done + q == s.num_tokens:  # prompt complete (or a decode): its last row gives the next token
+                logits_idx.append(len(input_ids) - 1)
+                sampling.append(s)
+        meta = AttentionMetadata.build(query_lens, context_lens, tables, self.kv_cache.block_size, self.device)
+        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        idx = torch.tensor(logits_idx, dtype=torch.long).to(self.device, non_blocking=True)
+        return StepInputs(ids, meta.positions, meta, idx, sampling)
+
+    @torch.inference_mode()
+    def run(self, batch: SchedulerOutput) -> tuple[list[int], StepTimes]:
+        """One forward pass over `batch`; one sampled token per request whose prompt is complete,
+        in batch order, and the time each part took."""
+        t0 = time.perf_counter()
+        inputs = self.prepare(batch)
+        t1 = time.perf_counter()
+        logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
+                            logits_indices=inputs.logits_indices)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # honest forward time
+        t2 = time.perf_counter()
+        seqs = inputs.sampling_seqs
+        tokens = self.sampler(logits, [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
+                              [s.generator for s in seqs]) if seqs else []
+        return tokens, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2)
+
+
+class KVSwapper:
+    """Copies KV blocks between the device cache and a CPU pool of the same per-block shape
+    (pinned on CUDA, so the copies can overlap). The scheduler calls it with (device, cpu) block pairs."""
+
+    def __init__(self, kv: KVCache, num_cpu_blocks: int):
+        pin = kv.device.type == "cuda"
+        shape = (num_cpu_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim)
+        self.kv = kv
+        self.k = [torch.zeros(shape, dtype=kv.dtype, pin_memory=pin) for _ in range(kv.num_layers)]
+        self.v = [torch.zeros(shape, dtype=kv.dtype, pin_memory=pin) for _ in range(kv.num_layers)]
+        self.bytes_moved = 0
+
+    def _indices(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = torch.tensor([p[0] for p in pairs], dtype=torch.long).to(self.kv.device)
+        return dev, torch.tensor([p[1] for p in pairs], dtype=torch.long)
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        dev, cpu = self._indices(pairs)
+        for layer in range(self.kv.num_layers):
+            self.k[layer][cpu] = self.kv.k_cache[layer][dev].to("cpu")
+            self.v[layer][cpu] = self.kv.v_cache[layer][dev].to("cpu")
+        self.bytes_moved += len(pairs) * self.kv.bytes_per_block
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        dev, cpu = self._indices(pairs)
+        for layer in range(self.kv.num_layers):
+            self.kv.k_cache[layer][dev] = self.k[layer][cpu].to(self.kv.device, non_blocking=True)
+            self.kv.v_cache[layer][dev] = self.v[layer][cpu].to(self.kv.device, non_blocking=True)
+        self.bytes_moved += len(pairs) * self.kv.bytes_per_block
+
+
+def default_num_blocks(config: Any, dtype: torch.dtype, device: torch.device, block_size: int,
+                       max_batch_size: int, max_model_len: int) -> int:
+    """The KV pool when none is given. On CUDA, as serving engines do: `GPU_MEMORY_FRACTION` of the
+    memory free after the weights are loaded. On CPU: enough for `max_batch_size` requests of
+    `CPU_DEFAULT_TOKENS_PER_REQUEST` tokens, capped by `default_kv_budget_bytes`."""
+    per_block = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                   dtype) * block_size
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        # memory torch's caching allocator holds but no tensor uses (an earlier engine's cache,
+        # deleted) is free to this process, though the driver counts it as used
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return max(1, int(free * GPU_MEMORY_FRACTION) // per_block)
+    want = max_batch_size * blocks_needed(min(CPU_DEFAULT_TOKENS_PER_REQUEST, max_model_len), block_size)
+    return max(1, min(want, default_kv_budget_bytes("cpu") // per_block))
+
+
+def default_swap_blocks(kv: KVCache) -> int:
+    """The CPU pool of swap preemption when none is given: as many blocks as the device pool, but on
+    CUDA at most a quarter of the host's RAM — a GPU pool can be tens of GiB, and mirroring it in
+    pinned memory could exhaust RAM (Colab has 12 GiB)."""
+    if kv.device.type != "cuda":
+        return kv.num_blocks
+    host = default_kv_budget_bytes("cpu", cpu_fraction=0.25, cpu_cap_bytes=16 << 30)
+    return min(kv.num_blocks, max(1, host // kv.bytes_per_block))

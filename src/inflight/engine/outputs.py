@@ -1,0 +1,75 @@
+"""What the engine reports: `RequestOutput` per request (vLLM's name) and `StepStats` per iteration.
+
+The timing vocabulary, used the same way everywhere in the book:
+- TTFT, time to first token: from a request's arrival to its first generated token;
+- TPOT, time per output token: a request's mean gap between tokens after the first,
+  (last token time - first token time) / (tokens - 1);
+- ITL, inter-token latency: each single gap between two consecutive tokens of a request
+  (its percentiles show stalls that a mean like TPOT hides).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RequestOutput", "StepStats"]
+
+
+@dataclass
+class RequestOutput:
+    """A request's state as the caller sees it (a snapshot: later steps don't change it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens only
+    text: str | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finished: bool
+    arrival_time: float
+    first_token_time: float | None
+    finish_time: float | None
+    token_times: list[float] = field(default_factory=list, repr=False)
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the last admission
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token (seconds): arrival to the first generated token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (seconds); None with fewer than two tokens."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies (seconds): every gap between two consecutive generated tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+
+@dataclass
+class StepStats:
+    """One iteration, measured: who ran, what it cost, where the time went (seconds)."""
+
+    step: int
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    blocks_used: int
+    num_preempted: int
+    blocks_swapped: int
+    num_finished: int
+    schedule_time: float   # reap + budget + admit + preempt (+ swap copies)
+    prepare_time: float    # building input tensors and attention metadata
+    forward_time: float    # the model
+    sample_time: float     # sampling + bookkeeping after the forward pass
+    start_time: float = 0.0
+
+    @property
+    def step_time(self) -> float:
+        return self.schedule_time + self.prepare_time + self.forward_time + self.sample_time
