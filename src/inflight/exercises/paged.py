@@ -4,16 +4,17 @@ block allocator's `allocate` / `free`.
 The allocator grader replays scripts of allocate / free / share / double-free operations and
 records what an outside observer can check — how many blocks came back, whether any of them is
 already held by someone else, what was raised, how many blocks are free afterwards — so any free
-list order (FIFO, stack, ...) is accepted. The `Mistake`s are the classic wrong answers, as code.
+list order (FIFO, stack, ...) is accepted. The classic wrong allocators, as code, are in `paged_allocators`.
 """
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
+from collections import Counter
 from typing import Any, Callable, Sequence
 
-from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, blocks_needed, slot_mapping
+from inflight.engine.block_manager import NoFreeBlocksError, blocks_needed, slot_mapping
 from inflight.exercises.grading import Case, GradeResult, Mistake, grade
+from inflight.exercises.paged_allocators import ALLOCATOR_MISTAKES, ReferenceAllocator, StarterAllocator
 
 __all__ = ["check_blocks_needed", "check_slot_mapping", "check_allocator", "StarterAllocator"]
 
@@ -106,76 +107,90 @@ def check_slot_mapping(fn: Callable[[list, list, int], list], *, quiet: bool = F
 Script = Sequence[tuple]
 
 
-def _run_allocator(cls: Any, num_blocks: int, script: Script) -> list:
-    """Replay `script`; the trace stops at the first operation whose outcome a correct allocator
-    would not give, so the report points at it (and any free-list order gives the same trace)."""
-    alloc = cls(num_blocks, 16)
-    held: Counter = Counter()  # block -> holders, as a correct allocator would count them
-    handles: dict[int, list] = {}  # handle -> [blocks, references]
-    last_freed: dict[int, list] = {}
-    trace: list = []
-    n_handles = 0
-    for op in script:
+class _Replay:
+    """A script replayed on a learner's allocator beside the counts a correct allocator would keep."""
+
+    def __init__(self, cls: Any, num_blocks: int):
+        self.alloc = cls(num_blocks, 16)
+        self.num_blocks = num_blocks
+        self.held: Counter = Counter()  # block -> holders, as a correct allocator would count them
+        self.handles: dict[int, list] = {}  # handle -> [blocks, references]
+        self.last_freed: dict[int, list] = {}
+        self.n_handles = 0
+
+    def predict(self, op: tuple) -> tuple:
+        """The outcome and num_free a correct allocator gives for `op`."""
+        kind, free_now = op[0], self.num_blocks - sum(1 for v in self.held.values() if v > 0)
+        if kind == "alloc":
+            if op[1] > self.num_blocks:
+                return ("raised", "ValueError", free_now)
+            if op[1] > free_now:
+                return ("raised", "NoFreeBlocksError", free_now)
+            return ("ok", free_now - op[1])
+        if kind == "free" and op[1] in self.handles:
+            blocks = self.handles[op[1]][0]
+            return ("ok", free_now + sum(1 for b in set(blocks) if self.held[b] == 1))
+        if kind == "share":
+            return ("ok", free_now)
+        return ("raised", "ValueError", free_now)  # a double free or unknown ids
+
+    def _allocate(self, n: int, handle: int) -> tuple:
+        blocks = [int(b) for b in self.alloc.allocate(n)]
+        problems = []
+        if len(blocks) != n:
+            problems.append(f"asked for {n} blocks, got {len(blocks)}")
+        if len(set(blocks)) != len(blocks):
+            problems.append("the same block twice in one allocation")
+        if any(not 0 <= b < self.num_blocks for b in blocks):
+            problems.append("a block id outside 0..num_blocks-1")
+        if any(self.held[b] > 0 for b in set(blocks)):
+            problems.append("handed out a block that is still in use")
+        self.held.update(set(blocks))
+        self.handles[handle] = [blocks, 1]
+        return ("ok", *problems)
+
+    def apply(self, op: tuple) -> tuple:
+        """Run `op` on the learner's allocator: ("ok", problems...) or ("raised", exception name)."""
         kind = op[0]
-        in_use = sum(1 for v in held.values() if v > 0)
         if kind == "alloc":  # every allocate() call gets a handle number, failed ones too
-            handle, n_handles = n_handles, n_handles + 1
-            n = op[1]
-            if n > num_blocks:
-                predicted: tuple = ("raised", "ValueError", num_blocks - in_use)
-            elif n > num_blocks - in_use:
-                predicted = ("raised", "NoFreeBlocksError", num_blocks - in_use)
-            else:
-                predicted = ("ok", num_blocks - in_use - n)
-        elif kind == "free" and op[1] in handles:
-            blocks = handles[op[1]][0]
-            predicted = ("ok", num_blocks - in_use + sum(1 for b in set(blocks) if held[b] == 1))
-        elif kind == "share":
-            predicted = ("ok", num_blocks - in_use)
-        else:  # a double free or unknown ids
-            predicted = ("raised", "ValueError", num_blocks - in_use)
+            handle, self.n_handles = self.n_handles, self.n_handles + 1
         try:
             if kind == "alloc":
-                blocks = [int(b) for b in alloc.allocate(op[1])]
-                problems = []
-                if len(blocks) != op[1]:
-                    problems.append(f"asked for {op[1]} blocks, got {len(blocks)}")
-                if len(set(blocks)) != len(blocks):
-                    problems.append("the same block twice in one allocation")
-                if any(not 0 <= b < num_blocks for b in blocks):
-                    problems.append("a block id outside 0..num_blocks-1")
-                if any(held[b] > 0 for b in set(blocks)):
-                    problems.append("handed out a block that is still in use")
-                held.update(set(blocks))
-                handles[handle] = [blocks, 1]
-                outcome: tuple = ("ok", *problems)
-            elif kind == "free":
-                blocks, refs = handles[op[1]]
-                alloc.free(list(blocks))
-                held.subtract(set(blocks))
-                handles[op[1]][1] -= 1
+                return self._allocate(op[1], handle)
+            if kind == "free":
+                blocks, refs = self.handles[op[1]]
+                self.alloc.free(list(blocks))
+                self.held.subtract(set(blocks))
+                self.handles[op[1]][1] -= 1
                 if refs == 1:
-                    last_freed[op[1]] = handles.pop(op[1])[0]
-                outcome = ("ok",)
+                    self.last_freed[op[1]] = self.handles.pop(op[1])[0]
             elif kind == "share":
-                blocks = handles[op[1]][0]
-                alloc.incref(list(blocks))
-                held.update(set(blocks))
-                handles[op[1]][1] += 1
-                outcome = ("ok",)
+                blocks = self.handles[op[1]][0]
+                self.alloc.incref(list(blocks))
+                self.held.update(set(blocks))
+                self.handles[op[1]][1] += 1
             elif kind == "refree":
-                alloc.free(list(last_freed[op[1]]))
-                outcome = ("ok",)
+                self.alloc.free(list(self.last_freed[op[1]]))
             elif kind == "free_ids":
-                alloc.free(list(op[1]))
-                outcome = ("ok",)
+                self.alloc.free(list(op[1]))
             else:  # pragma: no cover - a bug in a script
                 raise AssertionError(f"unknown op {op!r}")
+            return ("ok",)
         except NotImplementedError:
             raise  # the learner has not written it yet: the grader says so
         except (ValueError, NoFreeBlocksError, IndexError, KeyError, TypeError, AssertionError, RuntimeError) as exc:
-            outcome = ("raised", type(exc).__name__)
-        num_free = alloc.num_free
+            return ("raised", type(exc).__name__)
+
+
+def _run_allocator(cls: Any, num_blocks: int, script: Script) -> list:
+    """Replay `script`; the trace stops at the first operation whose outcome a correct allocator
+    would not give, so the report points at it (and any free-list order gives the same trace)."""
+    replay = _Replay(cls, num_blocks)
+    trace: list = []
+    for op in script:
+        predicted = replay.predict(op)
+        outcome = replay.apply(op)
+        num_free = replay.alloc.num_free
         trace.append((_show(op), *outcome, f"num_free={num_free}"))
         if (*outcome, num_free) != predicted:
             break
@@ -259,154 +274,9 @@ def _allocator_cases() -> list[Case]:
             for name, nb, script in specs]
 
 
-class StarterAllocator:
-    """The state the chapter's exercise starts from: a free list and a reference count per block."""
-
-    def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.free_list: deque[int] = deque(range(num_blocks))
-        self.ref_counts = [0] * num_blocks
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free_list)
-
-    def incref(self, blocks: Sequence[int]) -> None:
-        for b in blocks:
-            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
-                raise ValueError(f"block {b} is not in use: only blocks in use can be shared")
-        for b in blocks:
-            self.ref_counts[b] += 1
-
-    def allocate(self, n: int) -> list[int]:
-        raise NotImplementedError
-
-    def free(self, blocks: Sequence[int]) -> None:
-        raise NotImplementedError
-
-
-class _Good(StarterAllocator):
-    def allocate(self, n):
-        if n > self.num_blocks:
-            raise ValueError(f"{n} blocks > pool of {self.num_blocks}")
-        if n > len(self.free_list):
-            raise NoFreeBlocksError(f"{n} blocks > {len(self.free_list)} free")
-        out = [self.free_list.popleft() for _ in range(n)]
-        for b in out:
-            self.ref_counts[b] = 1
-        return out
-
-    def free(self, blocks):
-        for b in blocks:
-            if not 0 <= b < self.num_blocks:
-                raise ValueError(f"unknown block {b}")
-            if self.ref_counts[b] == 0:
-                raise ValueError(f"double free of block {b}")
-        for b in blocks:
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                self.free_list.append(b)
-
-
-class _LeakOnFree(_Good):
-    def free(self, blocks):
-        for b in blocks:
-            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
-                raise ValueError(b)
-        for b in blocks:
-            self.ref_counts[b] -= 1  # ...and never goes back on the free list
-
-
-class _HandsOutTwice(_Good):
-    def allocate(self, n):
-        if n > self.num_blocks:
-            raise ValueError(n)
-        if n > len(self.free_list):
-            raise NoFreeBlocksError(n)
-        out = list(self.free_list)[:n]  # looked at, not taken
-        for b in out:
-            self.ref_counts[b] = 1
-        return out
-
-
-class _NoDoubleFreeCheck(_Good):
-    def free(self, blocks):
-        for b in blocks:
-            if not 0 <= b < self.num_blocks:
-                raise ValueError(b)
-        for b in blocks:
-            self.ref_counts[b] = max(0, self.ref_counts[b] - 1)
-            if self.ref_counts[b] == 0:
-                self.free_list.append(b)
-
-
-class _IgnoresRefCounts(_Good):
-    def free(self, blocks):
-        for b in blocks:
-            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
-                raise ValueError(b)
-        for b in blocks:
-            self.ref_counts[b] = 0
-            self.free_list.append(b)
-
-
-class _PartialAllocation(_Good):
-    def allocate(self, n):
-        if n > self.num_blocks:
-            raise ValueError(n)
-        out = []
-        for _ in range(n):
-            if not self.free_list:
-                raise NoFreeBlocksError(n)  # the blocks already popped are lost
-            out.append(self.free_list.popleft())
-            self.ref_counts[out[-1]] = 1
-        return out
-
-
-class _NoLimitChecks(_Good):
-    def allocate(self, n):
-        out = [self.free_list.popleft() for _ in range(n)]  # IndexError from an empty deque
-        for b in out:
-            self.ref_counts[b] = 1
-        return out
-
-
-class _UnknownIdNotChecked(_Good):
-    def free(self, blocks):
-        for b in blocks:
-            if self.ref_counts[b] == 0:  # ref_counts[-1] is the LAST block; ref_counts[n] is an IndexError
-                raise ValueError(b)
-        for b in blocks:
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                self.free_list.append(b)
-
-
-ALLOCATOR_MISTAKES = [
-    Mistake("leaking blocks on free", "free() lowers the reference count but never puts the block back on the free "
-            "list, so num_free never recovers: when a block's count reaches 0, append it to the free list.",
-            _LeakOnFree),
-    Mistake("handing out a block twice", "allocate() must REMOVE blocks from the free list (popleft), not just read "
-            "them — otherwise the next request gets the same blocks and overwrites another sequence's KV.",
-            _HandsOutTwice),
-    Mistake("no double-free check", "freeing a block whose reference count is already 0 must raise ValueError; "
-            "otherwise it lands on the free list twice and is later handed to two sequences.",
-            _NoDoubleFreeCheck),
-    Mistake("ignoring reference counts", "a shared block (incref'd) goes back to the free list only when its LAST "
-            "holder frees it: decrement, and append only at zero.", _IgnoresRefCounts),
-    Mistake("partial allocation leaks", "check `n <= num_free` BEFORE taking any block; raising halfway through "
-            "loses the blocks already taken.", _PartialAllocation),
-    Mistake("no limit checks", "allocate(n) must raise ValueError when n > num_blocks (it can never fit) and "
-            "NoFreeBlocksError when n > num_free (it may fit later) — not crash inside the free list.",
-            _NoLimitChecks),
-    Mistake("unknown block ids not checked", "free() must reject ids outside 0..num_blocks-1 with ValueError "
-            "(note that ref_counts[-1] silently means the last block in Python).", _UnknownIdNotChecked),
-]
-
-
 def check_allocator(cls: type, *, quiet: bool = False) -> GradeResult:
     """Grade an allocator class built as `cls(num_blocks, block_size)` with `allocate`, `free`,
     `incref` and `num_free`: replays scripted and random operation sequences."""
     if not isinstance(cls, type):
         raise TypeError(f"pass the allocator CLASS (e.g. MyBlockAllocator), not {type(cls).__name__}")
-    return grade("BlockAllocator.allocate/free", cls, _Good, _allocator_cases(), ALLOCATOR_MISTAKES, quiet=quiet)
+    return grade("BlockAllocator.allocate/free", cls, ReferenceAllocator, _allocator_cases(), ALLOCATOR_MISTAKES, quiet=quiet)

@@ -120,9 +120,7 @@ def make_samples(model: LlamaModel, max_new_tokens: int = 300) -> dict:
             "temperature_0.8_seed_0": {p: tok.decode(o) for p, o in zip(SAMPLE_PROMPTS, sampled)}}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from tqdm.auto import tqdm
-
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -135,32 +133,31 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="stop early after this much training time (the report records the steps done)")
     ap.add_argument("--out", type=Path, default=ASSETS)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    t0 = time.time()
-    train, val, n_docs = build_corpus(args.seed)
-    print(f"corpus: {n_docs} stdlib functions, {len(train):,} train / {len(val):,} val bytes "
-          f"({time.time() - t0:.1f}s)")
-    model = LlamaModel(tiny_config())
-    print(f"model: {model.num_parameters() / 1e6:.2f}M parameters")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = args.warmup
 
-    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
-        frac = (step - warmup) / max(1, args.steps - warmup)
+def _lr_schedule(args: argparse.Namespace, t_train: float):
+    """Linear warmup, then cosine decay to 10% (by steps, or by a time budget if one runs out first)."""
+    def lr_at(step: int) -> float:
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
+        frac = (step - args.warmup) / max(1, args.steps - args.warmup)
         if args.max_minutes is not None:  # a time budget: decay by whichever runs out first (not bit-reproducible)
             frac = max(frac, (time.time() - t_train) / (60 * args.max_minutes))
-        frac = min(frac, 1.0)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+    return lr_at
 
-    it = batches(train, args.batch_size, args.seq_len, torch.Generator().manual_seed(args.seed))
+
+def train(model: LlamaModel, data: torch.Tensor, args: argparse.Namespace) -> tuple[int, float]:
+    """The training loop: AdamW, clipped gradients, next-byte cross-entropy. Returns (steps, seconds)."""
+    from tqdm.auto import tqdm
+
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    it = batches(data, args.batch_size, args.seq_len, torch.Generator().manual_seed(args.seed))
     t_train = time.time()
+    lr_at = _lr_schedule(args, t_train)
     bar = tqdm(range(args.steps), desc="training", mininterval=5, file=sys.stdout)
-    ema = None
+    ema, steps_done = None, 0
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
@@ -176,25 +173,37 @@ def main(argv: list[str] | None = None) -> dict:
         steps_done = step + 1
         if args.max_minutes is not None and time.time() - t_train > 60 * args.max_minutes:
             break
-    train_seconds = time.time() - t_train
+    return steps_done, time.time() - t_train
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t0 = time.time()
+    train_data, val_data, n_docs = build_corpus(args.seed)
+    print(f"corpus: {n_docs} stdlib functions, {len(train_data):,} train / {len(val_data):,} val bytes "
+          f"({time.time() - t0:.1f}s)")
+    model = LlamaModel(tiny_config())
+    print(f"model: {model.num_parameters() / 1e6:.2f}M parameters")
+    steps_done, train_seconds = train(model, train_data, args)
     model.eval()
-    train_loss, val_loss = evaluate(model, train, args.seq_len), evaluate(model, val, args.seq_len)
+    train_loss, val_loss = evaluate(model, train_data, args.seq_len), evaluate(model, val_data, args.seq_len)
     samples = make_samples(model)
     save(model, args.out)
+    seen = steps_done * args.batch_size * args.seq_len
     report = {
-        "steps": steps_done, "scheduled_steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
-        "seed": args.seed, "threads": args.threads, "parameters": model.num_parameters(),
-        "documents": n_docs, "train_tokens_seen": steps_done * args.batch_size * args.seq_len,
-        "train_seconds": round(train_seconds, 1), "tokens_per_second": round(steps_done * args.batch_size * args.seq_len / train_seconds),
-        "train_loss": round(train_loss, 4), "val_loss": round(val_loss, 4),
-        "val_bits_per_byte": round(val_loss / math.log(2), 4),
+        "steps": steps_done, "scheduled_steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+        "lr": args.lr, "seed": args.seed, "threads": args.threads, "parameters": model.num_parameters(),
+        "documents": n_docs, "train_tokens_seen": seen, "train_seconds": round(train_seconds, 1),
+        "tokens_per_second": round(seen / train_seconds), "train_loss": round(train_loss, 4),
+        "val_loss": round(val_loss, 4), "val_bits_per_byte": round(val_loss / math.log(2), 4),
         "samples": samples, "python": sys.version.split()[0], "torch": torch.__version__,
         "command": "python -m inflight.model.train_tiny " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"trained {steps_done} steps in {train_seconds / 60:.1f} min "
-          f"({report['tokens_per_second']:,} tokens/s); train loss {train_loss:.3f}, val loss {val_loss:.3f} "
-          f"({report['val_bits_per_byte']:.2f} bits/byte)")
+    print(f"trained {steps_done} steps in {train_seconds / 60:.1f} min ({report['tokens_per_second']:,} tokens/s); "
+          f"train loss {train_loss:.3f}, val loss {val_loss:.3f} ({report['val_bits_per_byte']:.2f} bits/byte)")
     for kind, texts in samples.items():
         for p, s in texts.items():
             print(f"----- {kind} -----\n" + p + s)

@@ -7,7 +7,7 @@ its whole life (the lowest free slot when it first runs), so Gantt charts read w
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from inflight.sim.workloads import Request

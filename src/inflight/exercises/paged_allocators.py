@@ -1,0 +1,156 @@
+"""Chapter 5's allocator exercise as code: the starter the learner completes, a reference, and the
+classic wrong allocators the grader recognises (leaks on free, hands a block out twice, ...)."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+from inflight.engine.block_manager import NoFreeBlocksError
+from inflight.exercises.grading import Mistake
+
+__all__ = ["StarterAllocator", "ReferenceAllocator", "ALLOCATOR_MISTAKES"]
+
+
+class StarterAllocator:
+    """The state the chapter's exercise starts from: a free list and a reference count per block."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.free_list: deque[int] = deque(range(num_blocks))
+        self.ref_counts = [0] * num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_list)
+
+    def incref(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
+                raise ValueError(f"block {b} is not in use: only blocks in use can be shared")
+        for b in blocks:
+            self.ref_counts[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        raise NotImplementedError
+
+    def free(self, blocks: Sequence[int]) -> None:
+        raise NotImplementedError
+
+
+class ReferenceAllocator(StarterAllocator):
+    def allocate(self, n):
+        if n > self.num_blocks:
+            raise ValueError(f"{n} blocks > pool of {self.num_blocks}")
+        if n > len(self.free_list):
+            raise NoFreeBlocksError(f"{n} blocks > {len(self.free_list)} free")
+        out = [self.free_list.popleft() for _ in range(n)]
+        for b in out:
+            self.ref_counts[b] = 1
+        return out
+
+    def free(self, blocks):
+        for b in blocks:
+            if not 0 <= b < self.num_blocks:
+                raise ValueError(f"unknown block {b}")
+            if self.ref_counts[b] == 0:
+                raise ValueError(f"double free of block {b}")
+        for b in blocks:
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_list.append(b)
+
+
+class _LeakOnFree(ReferenceAllocator):
+    def free(self, blocks):
+        for b in blocks:
+            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
+                raise ValueError(b)
+        for b in blocks:
+            self.ref_counts[b] -= 1  # ...and never goes back on the free list
+
+
+class _HandsOutTwice(ReferenceAllocator):
+    def allocate(self, n):
+        if n > self.num_blocks:
+            raise ValueError(n)
+        if n > len(self.free_list):
+            raise NoFreeBlocksError(n)
+        out = list(self.free_list)[:n]  # looked at, not taken
+        for b in out:
+            self.ref_counts[b] = 1
+        return out
+
+
+class _NoDoubleFreeCheck(ReferenceAllocator):
+    def free(self, blocks):
+        for b in blocks:
+            if not 0 <= b < self.num_blocks:
+                raise ValueError(b)
+        for b in blocks:
+            self.ref_counts[b] = max(0, self.ref_counts[b] - 1)
+            if self.ref_counts[b] == 0:
+                self.free_list.append(b)
+
+
+class _IgnoresRefCounts(ReferenceAllocator):
+    def free(self, blocks):
+        for b in blocks:
+            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
+                raise ValueError(b)
+        for b in blocks:
+            self.ref_counts[b] = 0
+            self.free_list.append(b)
+
+
+class _PartialAllocation(ReferenceAllocator):
+    def allocate(self, n):
+        if n > self.num_blocks:
+            raise ValueError(n)
+        out = []
+        for _ in range(n):
+            if not self.free_list:
+                raise NoFreeBlocksError(n)  # the blocks already popped are lost
+            out.append(self.free_list.popleft())
+            self.ref_counts[out[-1]] = 1
+        return out
+
+
+class _NoLimitChecks(ReferenceAllocator):
+    def allocate(self, n):
+        out = [self.free_list.popleft() for _ in range(n)]  # IndexError from an empty deque
+        for b in out:
+            self.ref_counts[b] = 1
+        return out
+
+
+class _UnknownIdNotChecked(ReferenceAllocator):
+    def free(self, blocks):
+        for b in blocks:
+            if self.ref_counts[b] == 0:  # ref_counts[-1] is the LAST block; ref_counts[n] is an IndexError
+                raise ValueError(b)
+        for b in blocks:
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_list.append(b)
+
+
+ALLOCATOR_MISTAKES = [
+    Mistake("leaking blocks on free", "free() lowers the reference count but never puts the block back on the free "
+            "list, so num_free never recovers: when a block's count reaches 0, append it to the free list.",
+            _LeakOnFree),
+    Mistake("handing out a block twice", "allocate() must REMOVE blocks from the free list (popleft), not just read "
+            "them — otherwise the next request gets the same blocks and overwrites another sequence's KV.",
+            _HandsOutTwice),
+    Mistake("no double-free check", "freeing a block whose reference count is already 0 must raise ValueError; "
+            "otherwise it lands on the free list twice and is later handed to two sequences.",
+            _NoDoubleFreeCheck),
+    Mistake("ignoring reference counts", "a shared block (incref'd) goes back to the free list only when its LAST "
+            "holder frees it: decrement, and append only at zero.", _IgnoresRefCounts),
+    Mistake("partial allocation leaks", "check `n <= num_free` BEFORE taking any block; raising halfway through "
+            "loses the blocks already taken.", _PartialAllocation),
+    Mistake("no limit checks", "allocate(n) must raise ValueError when n > num_blocks (it can never fit) and "
+            "NoFreeBlocksError when n > num_free (it may fit later) — not crash inside the free list.",
+            _NoLimitChecks),
+    Mistake("unknown block ids not checked", "free() must reject ids outside 0..num_blocks-1 with ValueError "
+            "(note that ref_counts[-1] silently means the last block in Python).", _UnknownIdNotChecked),
+]
