@@ -66,8 +66,8 @@ class LLMEngine:
         if watermark >= 1:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark}")
         self.priority_aging = check_aging(priority_aging)
-        self.device = torch.device(device) if device is not None else _model_device(model)
-        self.dtype = _model_dtype(model)
+        self.device = torch.device(device) if device is not None else _model_attr(model, "device", torch.device("cpu"))
+        self.dtype = _model_attr(model, "dtype", torch.float32)
         self.max_model_len = checks.integer("max_model_len", max_model_len or self.config.max_position_embeddings,
                                             minimum=1)
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
@@ -310,21 +310,13 @@ def _eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(eos)
 
 
-def _model_device(model: Any) -> torch.device:
-    dev = getattr(model, "device", None)
-    if isinstance(dev, torch.device):
-        return dev
+def _model_attr(model: Any, attr: str, default: Any) -> Any:
+    """The model's `device` or `dtype`: its own attribute when it has one (LlamaModel does), else
+    its first parameter's, else `default` (a model without parameters, e.g. a stand-in in tests)."""
+    value = getattr(model, attr, None)
+    if isinstance(value, (torch.device, torch.dtype)):
+        return value
     try:
-        return next(model.parameters()).device
+        return getattr(next(model.parameters()), attr)
     except (AttributeError, StopIteration):
-        return torch.device("cpu")
-
-
-def _model_dtype(model: Any) -> torch.dtype:
-    dt = getattr(model, "dtype", None)
-    if isinstance(dt, torch.dtype):
-        return dt
-    try:
-        return next(model.parameters()).dtype
-    except (AttributeError, StopIteration):
-        return torch.float32
+        return default
