@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "inflight"
-MAX_FILE_LINES = 420      # "no file over ~400 lines"
+MAX_FILE_LINES = 400      # "no file over ~400 lines"
 MAX_FUNCTION_LINES = 62   # "no function over ~60 lines" (Triton kernels excepted)
 
 # what each layer may not import (lower layers never import upper ones)
