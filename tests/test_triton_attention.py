@@ -187,12 +187,15 @@ def _run_checks() -> dict:
     report["strided_views"] = _strided_views(device)
     report["reduction"] = _reduction_alone(device)
     # the benchmark's code path (timing with the wall clock here, CUDA events on a GPU), tiny sizes
-    from inflight.bench.attention_kernel import kernel_benchmark, kernel_summary
+    from inflight.bench.attention_kernel import kernel_benchmark, kernel_report_lines, kernel_summary, tile_sweep
 
-    rows = kernel_benchmark(batches=(2,), contexts=(80,), num_heads=4, kv_heads=2, head_dim=16, dtype="float32",
-                            device=device, repeats=1, sweep=(16,))
-    report["bench_rows"] = rows
+    tiny = {"num_heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "float32", "device": device}
+    rows = kernel_benchmark(batches=(2,), contexts=(80,), repeats=1, sweep=(16,), **tiny)
+    tune = tile_sweep(((2, 80),), block_ns=(16,), num_warps=(4,), num_stages=(2,), **tiny)
+    report["bench_rows"], report["bench_tune"] = rows, tune
     report["bench_summary"] = kernel_summary(rows)
+    report["bench_report"] = kernel_report_lines({"kernel": rows, "kernel_summary": report["bench_summary"],
+                                                  "kernel_tune": tune})
     report["bad_inputs"] = _bad_input_errors(device)
     return report
 
@@ -265,6 +268,9 @@ def test_benchmark_code_path_runs(report):
     assert row.get("torch_paged_ms") is None or row["torch_paged_ms"] > 0
     assert list(row["sweep_ms"]) == ["64", "single"], row["sweep_ms"]  # 16 tokens round up to one tile of 64
     assert report["bench_summary"]["sizes"] == 1
+    (tuned,) = report["bench_tune"]
+    assert tuned["err_vs_sdpa"] < 1e-4 and tuned["ms"] > 0 and tuned["partitions"] >= 1, tuned
+    assert any(line.startswith("  tune batch 2 ctx 80") for line in report["bench_report"]), report["bench_report"]
 
 
 def test_interpreter_did_not_leak_into_this_process(report):

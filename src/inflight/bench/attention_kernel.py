@@ -234,25 +234,32 @@ def tile_sweep(sizes: Sequence[tuple[int, int]] = ((32, 512), (128, 4096)), *,
                num_stages: Sequence[int] = (1, 2, 3, 4), device: str = "cuda", dtype: str = "float16",
                num_heads: int = 32, kv_heads: int = 8, head_dim: int = 128, block_size: int = 16,
                seed: int = 0) -> list[dict[str, Any]]:
-    """The kernel (its own partition plan) at each tile shape; a failing compile is recorded, not raised."""
+    """The kernel (its own partition plan) at each tile shape, with SDPA's time at that size; a
+    failing compile (e.g. out of shared memory) is recorded, not raised."""
     import torch
 
+    from inflight.model.triton_attention import plan_decode, sm_count
+
     _check_kernel_device(device)
-    timer = _timer(device, 3)
+    timer, num_sms = _timer(device, 3), sm_count(torch.device(device))
     out = []
     for B, ctx in sizes:
         t = _decode_inputs(B, ctx, num_heads, kv_heads, head_dim, block_size, getattr(torch, dtype), device, seed)
-        ref = _sdpa(t, head_dim ** -0.5)().squeeze(2)
+        sdpa = _sdpa(t, head_dim ** -0.5)
+        ref, sdpa_ms = sdpa().squeeze(2), timer(sdpa)
         kv_bytes = 2 * B * ctx * kv_heads * head_dim * t["k_cache"].element_size()
         for bn in block_ns:
             for w in num_warps:
                 for s in num_stages:
-                    entry = {"batch": B, "context": ctx, "block_n": bn, "num_warps": w, "num_stages": s}
+                    plan = plan_decode(B, kv_heads, head_dim, t["block_tables"].shape[1] * block_size, num_sms, block_n=bn)
+                    entry = {"batch": B, "context": ctx, "block_n": bn, "num_warps": w, "num_stages": s,
+                             "partitions": plan.num_partitions, "sdpa_ms": sdpa_ms}
                     fn = _kernel(t, head_dim ** -0.5, block_n=bn, num_warps=w, num_stages=s)
                     try:
                         entry["err_vs_sdpa"] = _err(fn(), ref)
                         entry["ms"] = timer(fn)
                         entry["gbs"] = kv_bytes / (entry["ms"] * 1e-3) / 1e9
+                        entry["ratio_to_sdpa"] = entry["ms"] / sdpa_ms
                     except Exception as exc:  # e.g. out of shared memory at deep pipelines
                         entry["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                     out.append(entry)
@@ -314,8 +321,9 @@ def kernel_report_lines(res: dict[str, Any]) -> list[str]:
         if ok:
             e = min(ok, key=lambda e: e["ms"])
             lines.append(f"  tune batch {B} ctx {ctx}: best of {len(ok)} tile shapes ({len(tried) - len(ok)} failed): "
-                         f"block_n {e['block_n']}, num_warps {e['num_warps']}, num_stages {e['num_stages']}: "
-                         f"{e['ms']:.3f} ms, {e['gbs']:.0f} GB/s")
+                         f"block_n {e['block_n']}, num_warps {e['num_warps']}, num_stages {e['num_stages']}, "
+                         f"{e['partitions']} partitions: {e['ms']:.3f} ms, {e['gbs']:.0f} GB/s, "
+                         f"{e['ratio_to_sdpa']:.2f}x SDPA")
     return lines
 
 
