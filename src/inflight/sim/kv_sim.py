@@ -13,11 +13,13 @@ prompt and produced the first output token), one more every step after, and is f
 step in which it reaches `prompt_len + output_len`. Utilization = Σ_steps tokens / Σ_steps
 reserved slots. The paged *ceiling* is what paging cannot avoid: each request's unfilled tail of
 its last block, Σ ceil(tokens_i / bs) · bs.
+
+Workloads come from `inflight.sim.workloads` (chapter 5 uses `short_chat` and `sharegpt_like`
+fitted to a 2048-token context with `clip_to_context`); `lengths_of` also takes plain pairs.
 """
 from __future__ import annotations
 
 import math
-import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -26,8 +28,8 @@ import numpy as np
 
 from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError, ensure_capacity
 
-__all__ = ["KVTimeline", "simulate_kv", "short_chat", "sharegpt_like", "lengths_of", "utilization_table",
-           "tail_waste_estimate", "requests_that_fit"]
+__all__ = ["KVTimeline", "simulate_kv", "lengths_of", "utilization_table", "tail_waste_estimate",
+           "requests_that_fit"]
 
 
 def lengths_of(requests: Iterable[Any]) -> list[tuple[int, int]]:
@@ -39,33 +41,6 @@ def lengths_of(requests: Iterable[Any]) -> list[tuple[int, int]]:
             raise ValueError(f"need prompt_len >= 0 and output_len >= 1, got ({p}, {o})")
         out.append((int(p), int(o)))
     return out
-
-
-def short_chat(n: int, seed: int = 0, prompt_range: tuple[int, int] = (16, 128), mean_output: float = 48,
-               max_output: int = 256) -> list[tuple[int, int]]:
-    """The chapter's long-tailed workload: prompts uniform in `prompt_range`, outputs exponential
-    with mean `mean_output` capped at `max_output` (the server's max_tokens)."""
-    try:  # the scheduling chapters' generator, when present, so both parts share one definition
-        from inflight.sim.workloads import capped_exponential
-    except ImportError:  # pragma: no cover
-        def capped_exponential(rng, mean, max_len, min_len=1):
-            return int(min(max_len, max(min_len, math.ceil(rng.expovariate(1.0 / mean)))))
-    rng = random.Random(f"kv-short-chat-{seed}")
-    lo, hi = prompt_range
-    return [(rng.randint(lo, hi), capped_exponential(rng, mean_output, max_output)) for _ in range(n)]
-
-
-def sharegpt_like(n: int, seed: int = 0, max_len: int = 2048) -> list[tuple[int, int]]:
-    """Chat-shaped lengths of a few hundred tokens (prompt + output clipped to `max_len`)."""
-    try:
-        from inflight.sim.workloads import sharegpt_like as gen
-
-        pairs = lengths_of(gen(n, seed, max_len=max_len))
-    except ImportError:  # pragma: no cover
-        rng = np.random.default_rng(seed)
-        pairs = [(int(min(max_len, max(4, p))), int(min(max_len, max(4, o))))
-                 for p, o in zip(rng.lognormal(math.log(200), 1.0, n), rng.lognormal(math.log(220), 0.9, n))]
-    return [(p, max(1, min(o, max_len - p))) if p < max_len else (max_len - 1, 1) for p, o in pairs]
 
 
 @dataclass
