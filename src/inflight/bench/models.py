@@ -55,10 +55,10 @@ def load_model(name: str | None, device: str | None = None, dtype: str | None = 
 
 
 def describe_model(model: Any) -> str:
-    """A one-line description of a model passed in rather than loaded here."""
+    """A one-line description of a model passed in rather than loaded here: its shape (not its
+    `name_or_path`, a local folder that would end up on the book's pages)."""
     cfg = model.config
-    return (getattr(model, "name_or_path", None) or
-            f"{type(model).__name__} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size})")
+    return f"{type(model).__name__} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size})"
 
 
 def _sha256(path: Path) -> str | None:
