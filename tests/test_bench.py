@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from inflight.bench import benchmark as bench
+from inflight import bench
+from inflight.bench.__main__ import parse_modes
 from inflight.model.llama import LlamaConfig, LlamaModel
 
 
@@ -98,10 +99,10 @@ def test_a_mode_whose_outputs_differ_gets_no_speed(tiny):
     w = small_workload()
     s = setup_for(tiny, with_hf=False)
     refs = {}
-    bench._run_one("sequential", s, w, refs, log=lambda m: None)
+    bench.run_checked("sequential", s, w, refs, log=lambda m: None)
     refs[w.name] = {k: [t + 1 for t in v] for k, v in refs[w.name].items()}  # sabotage the reference
     logged = []
-    entry = bench._run_one("static", s, w, refs, log=logged.append)
+    entry = bench.run_checked("static", s, w, refs, log=logged.append)
     assert entry["status"] == "outputs differ" and "differ" in entry["reason"]
     for key in ("tokens_per_s", "requests_per_s", "ttft_p50_s", "tpot_p99_s"):
         assert entry[key] is None
@@ -113,7 +114,7 @@ def test_a_peer_that_cannot_run_is_reported_not_fatal(tiny):
     w = small_workload()
     s = setup_for(tiny, with_hf=False)
     s.hf_error = "ImportError: pretend transformers is missing"
-    entry = bench._run_one("hf_static", s, w, {}, log=lambda m: None)
+    entry = bench.run_checked("hf_static", s, w, {}, log=lambda m: None)
     assert entry["status"] == "unavailable" and "pretend transformers is missing" in entry["error"]
     assert "unavailable" in bench.format_table({"hf_static": entry})
 
@@ -126,11 +127,11 @@ def test_ideal_speedup_matches_the_simulator():
 
 
 def test_parse_modes():
-    assert bench._parse_modes("1,4") == ["sequential", "paged"]
-    assert bench._parse_modes("5") == ["hf_static", "hf_continuous"]
-    assert bench._parse_modes("static, hf_continuous") == ["static", "hf_continuous"]
+    assert parse_modes("1,4") == ["sequential", "paged"]
+    assert parse_modes("5") == ["hf_static", "hf_continuous"]
+    assert parse_modes("static, hf_continuous") == ["static", "hf_continuous"]
     with pytest.raises(Exception, match="unknown mode"):
-        bench._parse_modes("warp")
+        parse_modes("warp")
 
 
 def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
@@ -162,3 +163,32 @@ def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
     assert data["device_limits"]["matmul_flops_per_s"] > 0
     report = bench.format_report(res)
     assert "long_tailed" in report and "targets" in report
+
+
+def test_token_ids_share_a_prefix_and_online_arrivals_keep_the_requests():
+    from inflight.bench.prompts import with_poisson_arrivals, with_token_ids
+    from inflight.sim import workloads
+
+    lengths = workloads.from_lengths([4] * 5, prompt_len=20)
+    w = with_token_ids("shared", lengths, 257, seed=0, shared_prefix=12)
+    assert len({tuple(r.prompt[:12]) for r in w.requests}) == 1
+    assert len({tuple(r.prompt[12:]) for r in w.requests}) == 5
+    assert all(32 <= t < 127 for r in w.requests for t in r.prompt)  # byte vocabulary: printable ASCII
+    with pytest.raises(ValueError, match="shared_prefix"):
+        with_token_ids("x", lengths, 257, seed=0, shared_prefix=21)
+    online = with_poisson_arrivals(small_workload(), 3.0, seed=0)
+    assert online.name.startswith("long_tailed@") and online.rate == 3.0
+    assert [(r.id, r.prompt) for r in online.requests] == [(r.id, r.prompt) for r in small_workload().requests]
+
+
+def test_cli_flags_become_the_config():
+    from inflight.bench.__main__ import _parser, config_from_args
+
+    p = _parser()
+    cfg = config_from_args(p, p.parse_args(["--quick", "--modes", "1,2", "-n", "5", "--no-prefix-bench"]))
+    assert (cfg.n, cfg.batch_size, cfg.quick, cfg.prefix_bench) == (5, 8, True, False)
+    assert cfg.modes == ["sequential", "static"] and cfg.online_modes == ["static"]
+    with pytest.raises(SystemExit):
+        config_from_args(p, p.parse_args(["--workload", "zipf"]))
+    with pytest.raises(TypeError):
+        bench.quick_config(no_such_field=1)

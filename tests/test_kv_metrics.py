@@ -3,11 +3,12 @@ request's last block), contiguous reservation wastes most memory, and every requ
 import pytest
 
 from inflight.sim import kv_sim as km
+from inflight.sim import workloads as W
 
 
 @pytest.fixture(scope="module")
 def short_runs():
-    return km.utilization_table(km.short_chat(600, seed=1))
+    return km.utilization_table(W.short_chat(600, seed=1))
 
 
 def test_paged_is_at_its_ceiling_and_far_above_contiguous(short_runs):
@@ -21,7 +22,7 @@ def test_paged_is_at_its_ceiling_and_far_above_contiguous(short_runs):
 
 
 def test_rule_of_thumb_matches_measurement(short_runs):
-    w = km.short_chat(600, seed=1)
+    w = W.short_chat(600, seed=1)
     assert abs(km.tail_waste_estimate(w, 16) - short_runs["paged-16"].ceiling) < 0.01
 
 
@@ -57,4 +58,9 @@ def test_requests_that_fit():
 
 
 def test_sharegpt_lengths_fit_max_len():
-    assert all(p + o <= 2048 for p, o in km.sharegpt_like(300, seed=0))
+    fitted = W.clip_to_context(W.sharegpt_like(300, seed=0), 2048)
+    assert all(r.prompt_len + r.output_len <= 2048 and r.output_len >= 1 for r in fitted)
+    # a prompt that fills the context keeps max_len - 1 tokens and one output token
+    assert W.clip_to_context([W.Request("a", 3000, 50)], 2048)[0] == W.Request("a", 2047, 1)
+    with pytest.raises(ValueError, match="max_len"):
+        W.clip_to_context(fitted, 1)

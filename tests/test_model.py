@@ -170,3 +170,31 @@ def test_dense_forward_matches_cached_forward(llama):
     with torch.no_grad():
         torch.testing.assert_close(model.forward_dense(ids[None])[0], model(ids, meta.positions, meta, cache),
                                    atol=1e-5, rtol=0)
+
+
+def test_static_batch_loop_per_request_limits_kept_rows_and_step_hook(llama):
+    """The one static decode loop: per-request max_new_tokens, finished rows kept or dropped (same
+    greedy tokens), the step hook seeing every step, and a cache too small refused up front."""
+    from inflight.model.generate import decode_static_batch
+
+    _, model = llama
+    torch.manual_seed(5)
+    prompts = [torch.randint(1, SMALL["vocab_size"], (n,)).tolist() for n in (4, 9, 2)]
+    limits = [3, 7, 1]
+    mine = generate(model, prompts, max_new_tokens=limits, stop_at_eos=False)
+    alone = [generate(model, [p], max_new_tokens=m, stop_at_eos=False)[0] for p, m in zip(prompts, limits)]
+    assert mine == alone and [len(o) for o in mine] == limits
+    steps = []
+    cache = KVCache.for_model(model.config, num_blocks=3, block_size=16)
+    kept = decode_static_batch(model, cache, prompts, limits, keep_finished_rows=True,
+                               on_step=lambda outs, got, rows: steps.append((list(got), rows)))
+    assert kept == mine
+    # every row is computed until the longest is done; a row gets tokens only until its own limit
+    assert [rows for _, rows in steps] == [3] * 7
+    assert [got for got, _ in steps] == [[0, 1, 2], [0, 1], [0, 1], [1], [1], [1], [1]]
+    with pytest.raises(ValueError, match="block of 16"):
+        decode_static_batch(model, cache, [[1] * 10, [2]], [2, 7], keep_finished_rows=True)
+    with pytest.raises(ValueError, match="3 entries for 2 prompts"):
+        generate(model, prompts[:2], max_new_tokens=limits)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        generate(model, prompts, max_new_tokens=[1, 0, 2])

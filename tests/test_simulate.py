@@ -142,3 +142,19 @@ def test_plots_and_animation_smoke():
     anim = plots.animate_side_by_side(runs, frames=5)
     assert "<script" in anim.to_jshtml()
     plt.close("all")
+
+
+def test_short_chat_uniform_prompt_ranges_and_arrival_times():
+    chat = W.short_chat(300, seed=2, prompt_range=(16, 64), mean_output=20, max_output=80)
+    assert chat == W.short_chat(300, seed=2, prompt_range=(16, 64), mean_output=20, max_output=80)
+    assert all(16 <= r.prompt_len <= 64 and 1 <= r.output_len <= 80 for r in chat)
+    with pytest.raises(ValueError, match="prompt_range"):
+        W.short_chat(3, prompt_range=(10, 5))
+    # a prompt range for `uniform` leaves its output lengths as they were
+    ranged = W.uniform(50, seed=1, low=5, high=9, prompt_len=(3, 7))
+    assert [r.output_len for r in ranged] == [r.output_len for r in W.uniform(50, seed=1, low=5, high=9)]
+    assert {r.prompt_len for r in ranged} <= set(range(3, 8))
+    # the same seed gives the same pattern at every rate, stretched; steps are those times rounded down
+    slow, fast = W.arrival_times(40, 0.5, seed=3), W.arrival_times(40, 2.0, seed=3)
+    assert slow == pytest.approx([4 * t for t in fast])
+    assert W.poisson_arrivals(40, 0.5, seed=3) == [int(t) for t in slow]

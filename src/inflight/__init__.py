@@ -10,8 +10,7 @@ it uses (the scheduling chapters never import torch).
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from inflight._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -36,16 +35,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'inflight' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, also=["__version__"])

@@ -1,6 +1,95 @@
-"""`python -m inflight.bench`: run the serving benchmark (see `inflight.bench.benchmark`)."""
+"""`python -m inflight.bench`: the serving benchmark the book and the README quote.
+
+Six ways of serving the same requests with the same weights — sequential, static batches, our
+engine over a contiguous and over a paged KV cache, transformers `generate` and transformers'
+continuous batching (`inflight.bench.config` lists them) — each checked token for token against
+the sequential run before any speed is reported. Prints a report; `--out` saves the JSON.
+"""
+from __future__ import annotations
+
+import argparse
 import sys
+from dataclasses import replace
+from typing import Sequence
 
-from inflight.bench.benchmark import main
+from inflight.bench.config import MODES, BenchConfig, quick_config
 
-sys.exit(main())
+__all__ = ["main", "parse_modes"]
+
+WORKLOADS = ("long_tailed", "uniform", "online")
+
+
+def parse_modes(text: str) -> list[str]:
+    """"1,4" or "static, hf_continuous" -> mode names; 5 means both transformers peers."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.isdigit() and 1 <= int(part) <= 4:
+            out.append(MODES[int(part) - 1])
+        elif part == "5":
+            out += ["hf_static", "hf_continuous"]
+        elif part in MODES:
+            out.append(part)
+        else:
+            raise argparse.ArgumentTypeError(f"unknown mode {part!r}: use 1-5 or {', '.join(MODES)}")
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m inflight.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="CI smoke: tiny workload, under a minute")
+    p.add_argument("--workload", default=None,
+                   help="comma list of long_tailed, uniform, online (default: all; --quick: long_tailed,online)")
+    p.add_argument("--modes", type=parse_modes, default=None, help=f"comma list of 1-5 or {', '.join(MODES)}")
+    p.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the shipped tiny model)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None,
+                   help="e.g. bfloat16 (default float32: half precision makes greedy tokens depend on the batch, and the check refuses such modes)")
+    p.add_argument("-n", "--num-requests", type=int, default=None)
+    p.add_argument("-B", "--batch-size", type=int, default=None, help="slots of the static/contiguous modes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--no-attention-bench", action="store_true")
+    p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
+    p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json)")
+    return p
+
+
+def config_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> BenchConfig:
+    """The run the flags ask for: --quick's or the full configuration, with the flags applied."""
+    cfg = quick_config() if args.quick else BenchConfig()
+    if args.workload:
+        cfg.workloads = [w.strip() for w in args.workload.split(",") if w.strip()]
+        unknown = set(cfg.workloads) - set(WORKLOADS)
+        if unknown:
+            p.error(f"unknown workload(s) {sorted(unknown)}")
+    if args.modes:
+        cfg.modes = args.modes
+        cfg.online_modes = [m for m in cfg.online_modes if m in cfg.modes] or cfg.online_modes
+    for flag, value in (("--num-requests", args.num_requests), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1")
+    return replace(cfg, n=args.num_requests or cfg.n, batch_size=args.batch_size or cfg.batch_size, seed=args.seed,
+                   model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
+                   attention_bench=not args.no_attention_bench, prefix_bench=not args.no_prefix_bench)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from inflight.bench.report import format_report, save_results
+    from inflight.bench.suite import run_benchmark
+
+    p = _parser()
+    args = p.parse_args(argv)
+    results = run_benchmark(config_from_args(p, args))
+    print()
+    print(format_report(results))
+    if args.out:
+        save_results(results, args.out)
+        print(f"\nresults written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,11 +37,12 @@ def kv_utilization_figures(n_short: int = 2000, n_sharegpt: int = 1000, seed: in
                            block_sizes: Sequence[int] = (8, 16, 32)) -> dict[str, Any]:
     """Utilization, ceiling and mean running requests of each layout on both workloads."""
     from inflight.sim import kv_sim as km
+    from inflight.sim import workloads
 
     out: dict[str, Any] = {}
     for name, requests, max_len in [
-        ("short_chat", km.short_chat(n_short, seed), None),
-        ("sharegpt_like", km.sharegpt_like(n_sharegpt, seed), 2048),
+        ("short_chat", workloads.short_chat(n_short, seed), None),
+        ("sharegpt_like", workloads.clip_to_context(workloads.sharegpt_like(n_sharegpt, seed), 2048), 2048),
     ]:
         runs = km.utilization_table(requests, block_sizes, max_len=max_len)
         out[name] = {"n_requests": len(requests), "runs": {k: r.summary() for k, r in runs.items()},

@@ -16,90 +16,82 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
-from dataclasses import dataclass
+from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from inflight.bench.models import describe_model, load_model
+from inflight.bench.prompts import Workload, with_token_ids
+from inflight.sim import workloads
 from inflight.stats import percentile
 
-__all__ = ["PrefixWorkload", "shared_prefix_workload", "share_nothing_workload", "run_workload", "collect",
-           "report", "main"]
+__all__ = ["shared_prefix_workload", "share_nothing_workload", "run_workload", "collect", "report", "main"]
 
 
-@dataclass
-class PrefixWorkload:
-    """Prompts (token ids), one output length for all, and the engine step each request arrives at."""
-
-    name: str
-    prompts: list[list[int]]
-    max_tokens: int
-    arrival_steps: list[int]
-    shared_len: int = 0  # tokens every prompt has in common at the start
-
-
-def _ids(rng: random.Random, n: int, vocab_size: int) -> list[int]:
-    return [rng.randrange(1, vocab_size) for _ in range(n)]  # 0 is often EOS/padding: avoid it
+def _workload(name: str, n: int, prompt_len: int, shared_len: int, output_len: int, vocab_size: int, seed: int,
+              arrival_every: int) -> Workload:
+    """`n` prompts of `prompt_len` tokens (the first `shared_len` common to all), arriving one every
+    `arrival_every` engine steps; lengths from `sim.workloads`, token ids from `bench.prompts`."""
+    lengths = workloads.from_lengths([output_len] * n, arrivals=[i * arrival_every for i in range(n)],
+                                     prompt_len=prompt_len)
+    return with_token_ids(name, lengths, vocab_size, f"{name}-{seed}", shared_prefix=shared_len)
 
 
 def shared_prefix_workload(n: int = 32, system_len: int = 192, user_len: int = 16, output_len: int = 16,
-                           vocab_size: int = 257, seed: int = 0, arrival_every: int = 1) -> PrefixWorkload:
+                           vocab_size: int = 257, seed: int = 0, arrival_every: int = 1) -> Workload:
     """`n` requests = one shared `system_len`-token system prompt + their own `user_len` tokens."""
-    rng = random.Random(f"prefix-shared-{seed}")
-    system = _ids(rng, system_len, vocab_size)
-    prompts = [system + _ids(rng, user_len, vocab_size) for _ in range(n)]
-    return PrefixWorkload("shared_system_prompt", prompts, output_len, [i * arrival_every for i in range(n)], system_len)
+    return _workload("shared_system_prompt", n, system_len + user_len, system_len, output_len, vocab_size, seed,
+                     arrival_every)
 
 
 def share_nothing_workload(n: int = 32, system_len: int = 192, user_len: int = 16, output_len: int = 16,
-                           vocab_size: int = 257, seed: int = 0, arrival_every: int = 1) -> PrefixWorkload:
+                           vocab_size: int = 257, seed: int = 0, arrival_every: int = 1) -> Workload:
     """The same lengths as `shared_prefix_workload`, but every prompt is unrelated to the others."""
-    rng = random.Random(f"prefix-nothing-{seed}")
-    prompts = [_ids(rng, system_len + user_len, vocab_size) for _ in range(n)]
-    return PrefixWorkload("share_nothing", prompts, output_len, [i * arrival_every for i in range(n)], 0)
+    return _workload("share_nothing", n, system_len + user_len, 0, output_len, vocab_size, seed, arrival_every)
 
 
-def run_workload(model: Any, workload: PrefixWorkload, *, enable_prefix_caching: bool, block_size: int = 16,
+def run_workload(model: Any, workload: Workload, *, enable_prefix_caching: bool, block_size: int = 16,
                  num_blocks: int | None = None, max_batch_size: int = 8, max_batched_tokens: int = 512,
                  tokenizer: Any = None) -> dict[str, Any]:
-    """Serve `workload` on a fresh `LLMEngine`, feeding requests at their arrival steps; measure it."""
+    """Serve `workload` on a fresh `LLMEngine`, feeding each request at its arrival step; measure it."""
+    from inflight.engine.block_manager import blocks_needed
     from inflight.engine.llm_engine import LLMEngine
     from inflight.engine.sampling import SamplingParams
 
     if num_blocks is None:  # room for a full batch of private prompts: caching must win by compute, not by memory
-        longest = max(len(p) for p in workload.prompts) + workload.max_tokens
-        num_blocks = max_batch_size * -(-longest // block_size) + 1
+        num_blocks = max_batch_size * blocks_needed(workload.max_len, block_size) + 1
     engine = LLMEngine(model, block_size=block_size, num_blocks=num_blocks, max_batch_size=max_batch_size,
                        max_batched_tokens=max_batched_tokens, enable_prefix_caching=enable_prefix_caching,
                        tokenizer=tokenizer)
-    sp = SamplingParams(max_tokens=workload.max_tokens, ignore_eos=True)
-    order = sorted(range(len(workload.prompts)), key=lambda i: workload.arrival_steps[i])
-    ids: dict[int, str] = {}
-    nxt, step = 0, 0
+    pending = deque(sorted(workload.requests, key=lambda r: r.arrival))
+    step = 0
     start = time.perf_counter()
-    while nxt < len(order) or engine.has_unfinished_requests():
-        while nxt < len(order) and workload.arrival_steps[order[nxt]] <= step:
-            i = order[nxt]
-            ids[i] = engine.add_request(workload.prompts[i], sp)
-            nxt += 1
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0].arrival <= step:
+            r = pending.popleft()
+            engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, ignore_eos=True), request_id=r.id)
         engine.step()
         step += 1
     wall = time.perf_counter() - start
-    outs = [engine.get_output(ids[i]) for i in range(len(workload.prompts))]
+    outs = [engine.get_output(r.id) for r in workload.requests]
+    return _figures(workload, outs, engine.summary(), wall) | {
+        "prefix_caching": enable_prefix_caching, "num_blocks": num_blocks, "block_size": block_size}
+
+
+def _figures(workload: Workload, outs: list[Any], s: dict[str, Any], wall: float) -> dict[str, Any]:
+    """Prefill work, TTFT, throughput and the cache's hit rate of one run, from the engine's summary."""
     ttfts = [o.ttft for o in outs]
-    s = engine.summary()
     gen = sum(len(o.token_ids) for o in outs)
     return {
-        "workload": workload.name, "prefix_caching": enable_prefix_caching, "requests": len(outs),
-        "prompt_tokens": sum(len(p) for p in workload.prompts), "prefill_tokens": s["prefill_tokens"],
+        "workload": workload.name, "requests": len(outs),
+        "prompt_tokens": sum(len(r.prompt) for r in workload.requests), "prefill_tokens": s["prefill_tokens"],
         "output_tokens": gen, "steps": s["steps"], "wall_s": wall, "output_tokens_per_s": gen / wall,
         "ttft_mean_s": sum(ttfts) / len(ttfts), "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
         "hit_rate": s["prefix_cache_hit_rate"], "hit_tokens": s["prefix_cache_hit_tokens"],
-        "evictions": s["prefix_cache_evictions"], "num_blocks": num_blocks, "block_size": block_size,
-        "preemptions": s["preemptions"], "ttfts_s": ttfts,
+        "evictions": s["prefix_cache_evictions"], "preemptions": s["preemptions"], "ttfts_s": ttfts,
         # the engine's own work outside the model (scheduling incl. cache lookups, bookkeeping incl. caching
         # full blocks, sampling), per step: what prefix caching adds when nothing is shared
         "overhead_ms_per_step": 1e3 * (s["schedule_time"] + s["sample_time"]) / max(s["steps"], 1),
@@ -109,18 +101,9 @@ def run_workload(model: Any, workload: PrefixWorkload, *, enable_prefix_caching:
 
 def _model(model: Any, device: str | None, seed: int) -> tuple[Any, str]:
     if model is not None:
-        cfg = model.config
-        return model, (f"{type(model).__name__} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                       f"vocab {cfg.vocab_size})")
-    try:
-        from inflight.model.loading import load_tiny
-
-        m, _ = load_tiny(device=device or "cpu")
-        return m.eval(), "inflight tiny model (load_tiny)"
-    except Exception as exc:  # the shipped model may not be there on a development checkout
-        from inflight.bench.benchmark import random_model
-
-        return random_model(seed, device=device), f"random 4-layer 256-wide Llama (load_tiny failed: {exc})"
+        return model, describe_model(model)
+    bm = load_model(None, device or "cpu", seed=seed)
+    return bm.model, bm.source
 
 
 def collect(model: Any = None, quick: bool = False, seed: int = 0, device: str | None = None,
@@ -141,14 +124,14 @@ def collect(model: Any = None, quick: bool = False, seed: int = 0, device: str |
     if system_len + user_len + output_len > limit:
         raise ValueError(f"prompt + output ({system_len + user_len + output_len} tokens) exceed the model's context of {limit}")
     vocab = model.config.vocab_size
-    workloads = [shared_prefix_workload(n, system_len, user_len, output_len, vocab, seed, every),
-                 share_nothing_workload(n, system_len, user_len, output_len, vocab, seed, every)]
+    pair = [shared_prefix_workload(n, system_len, user_len, output_len, vocab, seed, every),
+            share_nothing_workload(n, system_len, user_len, output_len, vocab, seed, every)]
     results: dict[str, Any] = {"model": desc, "device": str(getattr(model, "device", "cpu")),
                                "sizes": {"n": n, "system_len": system_len, "user_len": user_len,
                                          "output_len": output_len, "arrival_every": every, **engine_kw},
                                "workloads": {}}
     with torch.inference_mode():
-        for w in workloads:
+        for w in pair:
             off = run_workload(model, w, enable_prefix_caching=False, **engine_kw)
             on = run_workload(model, w, enable_prefix_caching=True, **engine_kw)
             same = off.pop("token_ids") == on.pop("token_ids")

@@ -11,13 +11,15 @@ Two layouts serve the same requests from the same pool of token slots:
 Both run the engine's own scheduler (`inflight.sim.engine_sim.SimEngine`, no model): a request
 admitted at step t has its whole prompt's KV written in that step, one more token's KV every step
 after, and its blocks go back at the reap after its last token. Utilization = Σ_steps tokens in
-the cache / Σ_steps reserved slots. The paged *ceiling* is what paging cannot avoid: each request's unfilled tail of
-its last block, Σ ceil(tokens_i / bs) · bs.
+the cache / Σ_steps reserved slots. The paged *ceiling* is what paging cannot avoid: each
+request's unfilled tail of its last block, Σ ceil(tokens_i / bs) · bs.
+
+Workloads come from `inflight.sim.workloads` (chapter 5 uses `short_chat` and `sharegpt_like`
+fitted to a 2048-token context with `clip_to_context`); `lengths_of` also takes plain pairs.
 """
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -27,8 +29,8 @@ from inflight.engine.block_manager import blocks_needed
 from inflight.sim.engine_sim import SimEngine
 from inflight.sim.workloads import Request
 
-__all__ = ["KVTimeline", "simulate_kv", "short_chat", "sharegpt_like", "lengths_of", "utilization_table",
-           "tail_waste_estimate", "requests_that_fit"]
+__all__ = ["KVTimeline", "simulate_kv", "lengths_of", "utilization_table", "tail_waste_estimate",
+           "requests_that_fit"]
 
 
 def lengths_of(requests: Iterable[Any]) -> list[tuple[int, int]]:
@@ -40,33 +42,6 @@ def lengths_of(requests: Iterable[Any]) -> list[tuple[int, int]]:
             raise ValueError(f"need prompt_len >= 0 and output_len >= 1, got ({p}, {o})")
         out.append((int(p), int(o)))
     return out
-
-
-def short_chat(n: int, seed: int = 0, prompt_range: tuple[int, int] = (16, 128), mean_output: float = 48,
-               max_output: int = 256) -> list[tuple[int, int]]:
-    """The chapter's long-tailed workload: prompts uniform in `prompt_range`, outputs exponential
-    with mean `mean_output` capped at `max_output` (the server's max_tokens)."""
-    try:  # the scheduling chapters' generator, when present, so both parts share one definition
-        from inflight.sim.workloads import capped_exponential
-    except ImportError:  # pragma: no cover
-        def capped_exponential(rng, mean, max_len, min_len=1):
-            return int(min(max_len, max(min_len, math.ceil(rng.expovariate(1.0 / mean)))))
-    rng = random.Random(f"kv-short-chat-{seed}")
-    lo, hi = prompt_range
-    return [(rng.randint(lo, hi), capped_exponential(rng, mean_output, max_output)) for _ in range(n)]
-
-
-def sharegpt_like(n: int, seed: int = 0, max_len: int = 2048) -> list[tuple[int, int]]:
-    """Chat-shaped lengths of a few hundred tokens (prompt + output clipped to `max_len`)."""
-    try:
-        from inflight.sim.workloads import sharegpt_like as gen
-
-        pairs = lengths_of(gen(n, seed, max_len=max_len))
-    except ImportError:  # pragma: no cover
-        rng = np.random.default_rng(seed)
-        pairs = [(int(min(max_len, max(4, p))), int(min(max_len, max(4, o))))
-                 for p, o in zip(rng.lognormal(math.log(200), 1.0, n), rng.lognormal(math.log(220), 0.9, n))]
-    return [(p, max(1, min(o, max_len - p))) if p < max_len else (max_len - 1, 1) for p, o in pairs]
 
 
 @dataclass

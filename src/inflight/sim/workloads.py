@@ -1,8 +1,11 @@
-"""Seeded request workloads for the scheduling chapters.
+"""Seeded request workloads: the one home of every length and arrival generator in the book.
 
 Every generator takes a `seed` and returns a list of `Request`s, so a chapter's numbers are the
-same on every run. Lengths are in tokens; arrival times are in scheduler steps. Python's `random`
-is used (not numpy) so the numbers don't move between library versions.
+same on every run. Lengths are in tokens; arrival times are in scheduler steps (`arrival_times`
+gives the un-rounded Poisson times, which the serving benchmark reads as seconds). Python's
+`random` is used (not numpy) so the numbers don't move between library versions. The scheduling
+chapters, the KV-utilisation simulator (`kv_sim`) and the benchmarks (`inflight.bench`, which only
+adds token ids to these lengths) all draw from here.
 """
 from __future__ import annotations
 
@@ -35,6 +38,12 @@ def _check(n: int, **positive: float) -> None:
             raise ValueError(f"{name} must be positive, got {value!r}")
 
 
+def _check_range(name: str, bounds: tuple[int, int]) -> None:
+    low, high = bounds
+    if not 1 <= low <= high:
+        raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {bounds!r}")
+
+
 def _ids(n: int) -> list[str]:
     width = len(str(max(n - 1, 0)))
     return [f"r{i:0{width}d}" for i in range(n)]  # zero-padded so sorted ids = arrival order
@@ -50,15 +59,21 @@ def capped_exponential(rng: random.Random, mean: float, max_len: int, min_len: i
     return int(min(max_len, max(min_len, math.ceil(rng.expovariate(1.0 / mean)))))
 
 
-def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[int]:
-    """Arrival steps of a Poisson process with `rate` requests per step (integer steps, sorted)."""
+def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times of a Poisson process with `rate` requests per unit of time (sorted). The same
+    seed gives the same pattern at every rate, only stretched: load is the one thing that changes."""
     _check(n, rate=rate)
     rng = random.Random(f"arrivals-{seed}")
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
-        out.append(int(t))
+        out.append(t)
     return out
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[int]:
+    """Arrival steps of a Poisson process with `rate` requests per step (integer steps, sorted)."""
+    return [int(t) for t in arrival_times(n, rate, seed)]
 
 
 def long_tailed(n: int, seed: int = 0, mean: float = 40, max_len: int = 400, min_len: int = 1,
@@ -73,16 +88,35 @@ def long_tailed(n: int, seed: int = 0, mean: float = 40, max_len: int = 400, min
     return _build(outputs, prompts, arrivals)
 
 
-def uniform(n: int, seed: int = 0, low: int = 1, high: int = 100, prompt_len: int = 100,
+def uniform(n: int, seed: int = 0, low: int = 1, high: int = 100, prompt_len: int | tuple[int, int] = 100,
             arrival_rate: float | None = None) -> list[Request]:
-    """Output lengths uniform in [low, high] (inclusive); every prompt `prompt_len` tokens."""
-    _check(n, low=low, prompt_len=prompt_len)
+    """Output lengths uniform in [low, high] (inclusive); every prompt `prompt_len` tokens, or, for a
+    `(low, high)` pair, prompt lengths uniform in that range (drawn after the outputs)."""
+    _check(n, low=low)
     if high < low:
         raise ValueError(f"high ({high}) must be >= low ({low})")
     rng = random.Random(f"uniform-{seed}")
     outputs = [rng.randint(low, high) for _ in range(n)]
+    if isinstance(prompt_len, tuple):
+        _check_range("prompt_len", prompt_len)
+        prompts = [rng.randint(*prompt_len) for _ in range(n)]
+    else:
+        _check(n, prompt_len=prompt_len)
+        prompts = [prompt_len] * n
     arrivals = poisson_arrivals(n, arrival_rate, seed) if arrival_rate else None
-    return _build(outputs, [prompt_len] * n, arrivals)
+    return _build(outputs, prompts, arrivals)
+
+
+def short_chat(n: int, seed: int = 0, prompt_range: tuple[int, int] = (16, 128), mean_output: float = 48,
+               max_output: int = 256) -> list[Request]:
+    """Chat traffic as the serving chapters model it: prompts uniform in `prompt_range`, outputs
+    exponential with mean `mean_output` capped at `max_output` (the server's max_tokens). Chapter
+    5's KV simulator and the serving benchmark's "long_tailed" workload both use it."""
+    _check(n, mean_output=mean_output, max_output=max_output)
+    _check_range("prompt_range", prompt_range)
+    rng = random.Random(f"kv-short-chat-{seed}")  # the stream chapter 5's figures were first drawn from
+    pairs = [(rng.randint(*prompt_range), capped_exponential(rng, mean_output, max_output)) for _ in range(n)]
+    return _build([o for _, o in pairs], [p for p, _ in pairs], None)
 
 
 def with_spread(n: int, seed: int = 0, mean: float = 40, spread: float = 1.0, max_len: int | None = None,
@@ -125,6 +159,19 @@ def from_lengths(output_lens: Iterable[int], memory_costs: Iterable[float] | Non
     if memory_costs is not None:
         reqs = [replace(r, memory_cost=c) for r, c in zip(reqs, memory_costs, strict=True)]
     return reqs
+
+
+def clip_to_context(requests: Iterable[Request], max_len: int) -> list[Request]:
+    """Fit every request into a context of `max_len` tokens, as a server must: the output is cut
+    to `max_len - prompt_len`, and a prompt that fills the context keeps `max_len - 1` tokens and
+    one output token."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+        raise ValueError(f"max_len must be an int >= 2 (one prompt and one output token), got {max_len!r}")
+    out = []
+    for r in requests:
+        prompt = min(r.prompt_len, max_len - 1)
+        out.append(replace(r, prompt_len=prompt, output_len=max(1, min(r.output_len, max_len - prompt))))
+    return out
 
 
 def kv_memory_cost(requests: Iterable[Request], block_size: int = 16) -> list[Request]:

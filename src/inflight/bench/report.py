@@ -1,0 +1,122 @@
+"""What a reader sees of a benchmark run: a fixed-width table per workload, the whole report as
+text, and the results saved as JSON (the format `results/*.json`, chapter 7 and chapter 5 read)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from inflight.bench.config import MODE_TITLES, MODES
+
+__all__ = ["format_table", "format_report", "save_results"]
+
+
+def _f(x: Any, fmt: str, scale: float = 1.0) -> str:
+    return "—" if x is None else format(x * scale, fmt)
+
+
+def format_table(modes: dict[str, dict[str, Any]]) -> str:
+    """A fixed-width table of one workload's modes."""
+    head = (f"{'mode':30} {'tok/s':>8} {'req/s':>7} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>16} "
+            f"{'batch':>6} {'KV MiB':>7} {'KV used':>7} {'peak MiB':>8} {'not fwd':>7}")
+    lines = [head, "-" * len(head)]
+    for m in MODES:
+        v = modes.get(m)
+        if v is None:
+            continue
+        title = v.get("title", m)
+        if v.get("status") == "unavailable":
+            lines.append(f"{title:30} unavailable: {v.get('error', '')[:90]}")
+            continue
+        if v.get("status") == "outputs differ":
+            lines.append(f"{title:30} REFUSED (outputs differ): {v.get('reason', '')[:90]}")
+            continue
+        ttft = f"{_f(v['ttft_p50_s'], '.0f', 1e3)}/{_f(v['ttft_p99_s'], '.0f', 1e3)}"
+        tpot = f"{_f(v['tpot_p50_s'], '.1f', 1e3)}/{_f(v['tpot_p99_s'], '.1f', 1e3)}"
+        lines.append(f"{title:30} {_f(v['tokens_per_s'], '8.0f')} {_f(v['requests_per_s'], '7.2f')} {ttft:>17} "
+                     f"{tpot:>16} {_f(v['mean_batch'], '6.1f')} {_f(v['kv_allocated_bytes'], '7.1f', 2**-20)} "
+                     f"{_f(v['kv_used_share'], '7.0%')} {_f(v['peak_memory_bytes'], '8.0f', 2**-20)} "
+                     f"{_f(v['outside_forward_share'], '7.0%')}")
+    return "\n".join(lines)
+
+
+def format_report(results: dict[str, Any]) -> str:
+    """Everything a reader wants on stdout: tables per workload, online sweep, limits, targets."""
+    out = [f"device: {results['device']}", f"model: {results['model']['source']} "
+           f"({results['model']['parameters'] / 1e6:.2f}M parameters, {results['model']['dtype']})",
+           f"KV memory for every cached mode: {results['kv_memory']['tokens']} tokens "
+           f"({results['kv_memory']['bytes'] / 2**20:.1f} MiB)"]
+    for name, w in results["workloads"].items():
+        if name != "online":
+            out += ["", f"== {name}: {w['requests']} requests, {w['useful_tokens']} tokens to generate ==",
+                    format_table(w["modes"]), _ideal_line(w["ideal"])]
+    out += _online_lines(results["workloads"].get("online"))
+    out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
+    for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
+                       ("prefix_caching", "prefix caching (inflight.bench.prefix)")):
+        sec = results.get(key, {})
+        out += ["", f"{title}: {sec.get('status')}" + (f" ({sec.get('error')})" if sec.get("error") else "")]
+        if sec.get("report"):
+            out.append(sec["report"])
+    out += ["", "targets:"]
+    for k, v in results.get("targets", {}).items():
+        out.append(f"  {k}: {json.dumps(v, default=lambda x: round(x, 3) if isinstance(x, float) else str(x))}")
+    return "\n".join(out)
+
+
+def _ideal_line(ideal: dict[str, Any]) -> str:
+    line = (f"simulator, {ideal['batch_size']} slots: static {ideal['static_steps']} steps, continuous "
+            f"{ideal['continuous_steps']} steps → ideal speedup {ideal['ideal_speedup']:.2f}x if every step "
+            f"costs the same, {ideal['work_bound_speedup']:.2f}x if a step costs in proportion to its rows")
+    if "realized_speedup" in ideal:
+        line += (f"; realized (contiguous/static tok/s) {ideal['realized_speedup']:.2f}x = "
+                 f"{ideal['realized_fraction']:.0%} of ideal")
+    return line
+
+
+def _online_lines(online: dict[str, Any] | None) -> list[str]:
+    if not online or not online.get("rates"):
+        return []
+    out = ["", f"== online (Poisson arrivals; capacity ≈ {online['capacity_requests_per_s']:.2f} req/s) =="]
+    for frac, e in online["rates"].items():
+        for m, v in e["modes"].items():
+            if v.get("status") != "ok":
+                out.append(f"  {frac}x {m:12} {v.get('status')}: {v.get('reason') or v.get('error')}")
+                continue
+            out.append(f"  rate {e['rate_requests_per_s']:6.2f}/s ({frac}x) {MODE_TITLES[m]:28} "
+                       f"{v['tokens_per_s']:7.0f} tok/s  TTFT p50 {_f(v['ttft_p50_s'], '.0f', 1e3)} ms "
+                       f"p99 {_f(v['ttft_p99_s'], '.0f', 1e3)} ms  TPOT p50 {_f(v['tpot_p50_s'], '.1f', 1e3)} ms")
+    return out
+
+
+def _limits_lines(lim: dict[str, Any], modes: dict[str, Any]) -> list[str]:
+    if "matmul_flops_per_s" not in lim:
+        return []
+    out = ["", f"device limits: matmul {lim['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, copy "
+               f"{lim['memory_bytes_per_s'] / 1e9:.1f} GB/s; model {lim['model_flops_per_token'] / 1e6:.2f} "
+               f"MFLOP/token → compute roof {lim['compute_roof_tokens_per_s']:.0f} tok/s"]
+    for m, r in lim["per_mode"].items():
+        frac = modes.get(m, {}).get("fraction_of_roof")
+        out.append(f"  {MODE_TITLES.get(m, m):30} batch {r['batch']:5.1f}: roof {r['roof_tokens_per_s']:8.0f} "
+                   f"tok/s, achieved {_f(frac, '.1%')}")
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else round(x, 6)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def save_results(results: dict[str, Any], path: str | Path) -> None:
+    """Write the results as indented JSON (floats rounded, NaN as null)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(results), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
