@@ -144,7 +144,7 @@ def test_part_one_runs_without_torch(tmp_path):
         w = workloads.long_tailed(40, seed=0)
         for cls in (StaticBatchScheduler, ContinuousBatchScheduler, SkipAheadScheduler, PriorityScheduler):
             assert simulate(cls(4), w).unfinished == []
-        assert kv_sim.simulate_kv(kv_sim.short_chat(50), "paged").finished == 50
+        assert kv_sim.simulate_kv(workloads.short_chat(50), "paged").finished == 50
         print(inflight.describe_device())
         assert "torch" not in sys.modules
     """)
