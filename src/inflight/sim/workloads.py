@@ -14,6 +14,8 @@ import random
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from inflight.engine.block_manager import blocks_needed
+
 
 @dataclass(frozen=True)
 class Request:
@@ -178,7 +180,7 @@ def kv_memory_cost(requests: Iterable[Request], block_size: int = 16) -> list[Re
     """Give each request a memory cost in KV-cache blocks: enough for its prompt and full output."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    return [replace(r, memory_cost=-(-(r.prompt_len + r.output_len) // block_size)) for r in requests]
+    return [replace(r, memory_cost=blocks_needed(r.prompt_len + r.output_len, block_size)) for r in requests]
 
 
 def total_tokens(requests: Iterable[Request]) -> int:
