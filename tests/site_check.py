@@ -135,7 +135,7 @@ def main() -> int:
             page.screenshot(path=str(shot), full_page=True)
             counts, cut = cut_off(page)  # after the screenshot: it opens collapsed cells
             problems += [f"{rel}: {line}" for line in cut]
-            print(f"  {counts['code']} code cells and {counts['output']} outputs cut off at 1280 px; "
+            print(f"  {rel}: {counts['code']} code cells and {counts['output']} outputs cut off at 1280 px; "
                   f"{counts['wrapped']} blocks wrap a long line")
             print(f"checked {rel} ({len(errors)} errors, {len(broken)} broken images) -> {shot}")
             page.close()
