@@ -1,7 +1,9 @@
 """Open every page of the built site in headless Chromium (Debian's, driven by Playwright).
 
-Fails on a JavaScript error, an image that did not load, or a chapter page without an
-"Open in Colab" link; saves a full-page screenshot of each page for a person to look at.
+Fails on a JavaScript error, an image that did not load, a chapter page without an
+"Open in Colab" link, or a code cell or output cut off at the right edge of the text column
+(counted per page, collapsed cells opened first); saves a full-page screenshot of each page for a
+person to look at.
 
     python tests/site_check.py _build/html --screenshots _build/screenshots
 """
@@ -30,6 +32,63 @@ def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+# Every code block and every cell output of the article, with collapsed cells (hide-input, dropdown
+# solutions) opened first. An element is cut off when its content is wider than its box (it scrolls
+# or clips: scrollWidth > clientWidth) or when it reaches past the right edge of the text column.
+_CUT_OFF_JS = """() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  if (!article) return [];
+  article.querySelectorAll('details').forEach(d => { d.open = true; });
+  article.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  article.querySelectorAll('.cell.tag_hide-input > .cell_input, .hide-input .cell_input')
+    .forEach(e => { e.style.display = 'block'; });
+  const right = article.getBoundingClientRect().right;
+  const seen = new Set(), found = [];
+  const kinds = [['code', '.cell_input pre, div.highlight pre'],
+                 ['output', '.cell_output pre, .cell_output .output, .cell_output table, .cell_output img,'
+                            + ' .cell_output .jupyter-widgets, .cell_output > div']];
+  for (const [kind, selector] of kinds) {
+    for (const el of article.querySelectorAll(selector)) {
+      if (seen.has(el) || (kind === 'code' && el.closest('.cell_output'))) continue;
+      seen.add(el);
+      const box = el.getBoundingClientRect();
+      if (box.width === 0) continue;  // not displayed
+      const scrolls = el.scrollWidth > el.clientWidth + 1;
+      const past = box.right > right + 1;
+      // Wrapped lines are not cut off, but a reader sees a table break: count them for the editors.
+      let wraps = false;
+      if (!scrolls && el.tagName === 'PRE') {
+        const ws = el.style.whiteSpace;
+        el.style.whiteSpace = 'pre';
+        wraps = el.scrollWidth > el.clientWidth + 1;
+        el.style.whiteSpace = ws;
+      }
+      if (scrolls || past || wraps) {
+        const text = (el.innerText || el.alt || el.tagName).trim().split('\\n')[0].slice(0, 60);
+        found.push({kind, text, scroll: el.scrollWidth, client: el.clientWidth,
+                    past: Math.round(box.right - right), cut: scrolls || past});
+      }
+    }
+  }
+  return found;
+}"""
+
+
+def cut_off(page) -> tuple[dict, list[str]]:
+    """Count the code blocks and outputs cut off at the column's right edge on an open page.
+
+    Returns the counts ({"code": n, "output": n, "wrapped": n}) and one line per cut-off element;
+    "wrapped" counts blocks whose long lines wrap inside the column (not a failure)."""
+    found = page.evaluate(_CUT_OFF_JS)
+    cut = [f for f in found if f["cut"]]
+    lines = [f"{f['kind']} cut off ({f['scroll']} px of content in {f['client']} px"
+             + (f", {f['past']} px past the column" if f["past"] > 1 else "") + f"): {f['text']!r}"
+             for f in cut]
+    counts = {"code": sum(f["kind"] == "code" for f in cut), "output": sum(f["kind"] == "output" for f in cut),
+              "wrapped": len(found) - len(cut)}
+    return counts, lines
 
 
 def main() -> int:
@@ -74,6 +133,10 @@ def main() -> int:
                     problems.append(f"{rel}: no 'Open in Colab' link")
             shot = args.screenshots / (rel.replace("/", "__").removesuffix(".html") + ".png")
             page.screenshot(path=str(shot), full_page=True)
+            counts, cut = cut_off(page)  # after the screenshot: it opens collapsed cells
+            problems += [f"{rel}: {line}" for line in cut]
+            print(f"  {rel}: {counts['code']} code cells and {counts['output']} outputs cut off at 1280 px; "
+                  f"{counts['wrapped']} blocks wrap a long line")
             print(f"checked {rel} ({len(errors)} errors, {len(broken)} broken images) -> {shot}")
             page.close()
         browser.close()

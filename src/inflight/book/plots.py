@@ -1,5 +1,8 @@
 """Pictures of scheduling: Gantt charts of slots over steps, utilization and memory curves, and a
-static-vs-continuous animation that plays on the website (`to_jshtml`)."""
+static-vs-continuous animation that plays on the website (`to_jshtml`).
+
+Sizes are chosen for the book's text column (about 800 px at 1280 px): figures 8 inches wide at
+100 dpi are shown at their own size, and no text is smaller than 9 pt."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -42,7 +45,7 @@ def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels
     red where a request was waiting (wasted), grey where there was nothing to run.
     `hatch=False` fills wasted cells with flat pink instead (much faster to redraw in animations)."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.35 * result.num_slots + 1.5))
+        _, ax = plt.subplots(figsize=(8, 0.35 * result.num_slots + 1.5))
     colors = _colors(result)
     steps = result.steps
     if labels is None:
@@ -61,7 +64,7 @@ def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels
                 busy.append(_rect(start, slot, length))
                 busy_colors.append(colors[rid])
                 if labels and length >= max(1, steps / 40):
-                    ax.text(start + length / 2, slot, str(rid), ha="center", va="center", fontsize=8)
+                    ax.text(start + length / 2, slot, str(rid), ha="center", va="center", fontsize=9)
     ax.add_collection(PolyCollection(idle, facecolors=IDLE, linewidths=0))
     if hatch:
         ax.add_collection(PolyCollection(waste, facecolors="white", edgecolors=WASTE, hatch="////", linewidths=0))
@@ -76,18 +79,18 @@ def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels
     ax.set_xlabel("step")
     ax.set_title(title if title is not None else
                  f"{result.name or 'schedule'}: {steps} steps, {result.utilization:.0%} of slot-steps busy",
-                 loc="left", fontsize=10)
+                 loc="left", fontsize=11)
     if legend:
         ax.legend(handles=[Patch(facecolor="white", edgecolor=WASTE, hatch="////", label="idle while requests wait"),
                            Patch(color=IDLE, label="idle, queue empty")],
-                  loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=8, frameon=False)
+                  loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=9, frameon=False)
     return ax
 
 
 def utilization_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = None) -> Any:
     """Busy slots at every step, one line per schedule, with the slot count as the ceiling."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3))
+        _, ax = plt.subplots(figsize=(8, 3))
     items = results.items() if isinstance(results, dict) else [(r.name, r) for r in results]
     top = 0
     for name, r in items:
@@ -97,14 +100,14 @@ def utilization_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: An
     ax.set_ylim(0, top * 1.1)
     ax.set_xlabel("step")
     ax.set_ylabel("busy slots")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return ax
 
 
 def memory_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = None) -> Any:
     """Memory held by the running batch at every step, against the budget."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3))
+        _, ax = plt.subplots(figsize=(8, 3))
     items = results.items() if isinstance(results, dict) else [(r.name, r) for r in results]
     budget = None
     for name, r in items:
@@ -114,29 +117,31 @@ def memory_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = N
         ax.axhline(budget, color="crimson", ls="--", lw=1, label="max_memory")
     ax.set_xlabel("step")
     ax.set_ylabel("memory in use")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return ax
 
 
 def animate_side_by_side(results: dict[str, SimResult], *, frames: int = 40, interval: int = 120,
-                         dpi: int = 72) -> FuncAnimation:
-    """An animation revealing two (or more) schedules step by step on a shared time axis."""
+                         dpi: int = 90) -> FuncAnimation:
+    """An animation revealing two (or more) schedules step by step on a shared time axis.
+
+    Its first frame already shows the first steps (a player shows frame 0 before anyone presses play)."""
     rs = list(results.values())
     xmax = max(r.steps for r in rs)
-    fig, axes = plt.subplots(len(rs), 1, figsize=(9, 0.8 + sum(0.22 * r.num_slots + 0.6 for r in rs)),
+    fig, axes = plt.subplots(len(rs), 1, figsize=(8, 0.9 + sum(0.24 * r.num_slots + 0.7 for r in rs)),
                              dpi=dpi, sharex=True, squeeze=False)
     axes = axes[:, 0]
     curtains, texts = [], []
     for ax, (name, r) in zip(axes, results.items()):
         gantt(r, ax, title=name, labels=False, legend=False, xmax=xmax, hatch=False)
         curtains.append(ax.add_patch(Rectangle((0, -1), xmax + 1, r.num_slots + 2, color="white", zorder=5)))
-        texts.append(ax.text(1.0, 1.02, "", transform=ax.transAxes, ha="right", va="bottom", fontsize=9))
+        texts.append(ax.text(1.0, 1.02, "", transform=ax.transAxes, ha="right", va="bottom", fontsize=10))
     for ax in axes[:-1]:
         ax.set_xlabel("")
     axes[0].legend(handles=[Patch(color=WASTE_FILL, label="idle while requests wait"), Patch(color=IDLE, label="idle, queue empty")],
-                   loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
+                   loc="lower left", bbox_to_anchor=(0.0, 1.12), ncol=2, fontsize=10, frameon=False)
     fig.tight_layout()
-    ticks = sorted({round(i * xmax / (frames - 1)) for i in range(frames)})
+    ticks = sorted({max(1, round(i * xmax / frames)) for i in range(1, frames + 1)})
 
     def draw(t: int):
         for r, cur, txt in zip(rs, curtains, texts):

@@ -18,7 +18,7 @@ def batching_figure(max_batch_size: int = 8, spread: float = 1.0, n_requests: in
     w = with_spread(n_requests, seed=seed, mean=mean, spread=spread)
     static = simulate(StaticBatchScheduler(max_batch_size), w, name="static")
     cont = simulate(ContinuousBatchScheduler(max_batch_size), w, name="continuous")
-    fig, axes = plt.subplots(2, 1, figsize=(10, 2.5 + 0.5 * max_batch_size), sharex=False)
+    fig, axes = plt.subplots(2, 1, figsize=(8, 2.5 + 0.5 * max_batch_size), sharex=False)
     for ax, r in zip(axes, (static, cont)):
         plots.gantt(r, ax, labels=False, xmax=static.steps)
     fig.suptitle(f"batch size {max_batch_size}, spread {spread:.1f}: continuous finishes in "
