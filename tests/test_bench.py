@@ -162,3 +162,16 @@ def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
     assert data["device_limits"]["matmul_flops_per_s"] > 0
     report = bench.format_report(res)
     assert "long_tailed" in report and "targets" in report
+
+
+def test_profile_ops_adds_up_and_keeps_the_profiler_off_stderr(capfd):
+    import torch
+
+    from inflight.bench.profiling import profile_ops
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    ops = profile_ops(lambda: a @ b, repeats=3)
+    names = [name for name, _, _ in ops]
+    assert "aten::mm" in names
+    assert all(t > 0 for _, t, _ in ops) and [t for _, t, _ in ops] == sorted((t for _, t, _ in ops), reverse=True)
+    assert "profiler" not in capfd.readouterr().err  # the C++ profiler's start/stop lines stay off the page
