@@ -192,3 +192,15 @@ def test_cli_flags_become_the_config():
         config_from_args(p, p.parse_args(["--workload", "zipf"]))
     with pytest.raises(TypeError):
         bench.quick_config(no_such_field=1)
+
+def test_profile_ops_adds_up_and_keeps_the_profiler_off_stderr(capfd):
+    import torch
+
+    from inflight.bench.profiling import profile_ops
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    ops = profile_ops(lambda: a @ b, repeats=3)
+    names = [name for name, _, _ in ops]
+    assert "aten::mm" in names
+    assert all(t > 0 for _, t, _ in ops) and [t for _, t, _ in ops] == sorted((t for _, t, _ in ops), reverse=True)
+    assert "profiler" not in capfd.readouterr().err  # the C++ profiler's start/stop lines stay off the page

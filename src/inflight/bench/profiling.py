@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["SectionTimer", "ForwardTimer", "PeakMemory", "rss_bytes", "measure_matmul_flops",
            "measure_memory_bandwidth", "model_flops_per_token", "cprofile_summary", "torch_profile_summary",
-           "sync"]
+           "profile_ops", "quiet_native_stderr", "sync"]
 
 
 def sync(device: torch.device | str | None = None) -> None:
@@ -213,3 +213,54 @@ def torch_profile_summary(fn: Callable[[], Any], top: int = 15, device: torch.de
         sync(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return result, prof.key_averages().table(sort_by=key, row_limit=top)
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for the block: the profiler's C++ side logs start/stop lines there,
+    which would otherwise land on the reader's page (Python's own `sys.stderr` is left alone)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr (some embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def profile_ops(fn: Callable[[], Any], repeats: int = 5,
+                device: torch.device | str = "cpu") -> list[tuple[str, float, int]]:
+    """Profile `repeats` calls of `fn` (after one warm-up call) with torch.profiler and return every
+    op's (name, self seconds per call of `fn`, op calls per call of `fn`), largest self time first.
+    Self time counts only the op's own work, not the ops it calls, so the rows add up to the total:
+    CPU time on a CPU, the time of the kernels each op launched on CUDA (not checked on a GPU yet)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    fn()
+    sync(device)
+    with quiet_native_stderr(), profile(activities=acts) as prof:
+        for _ in range(repeats):
+            fn()
+        sync(device)
+    rows = []
+    for e in prof.key_averages():
+        if cuda:
+            # device time of the ops (aten::*); the kernels' own rows would count the same time twice
+            if not e.key.startswith("aten::"):
+                continue
+            us = getattr(e, "self_device_time_total", None)
+            us = e.self_cuda_time_total if us is None else us
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            rows.append((e.key, us / 1e6 / repeats, e.count // repeats))
+    return sorted(rows, key=lambda r: -r[1])
+

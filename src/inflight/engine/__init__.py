@@ -2,6 +2,7 @@
 
 - `llm_engine`    `LLMEngine`: submission, the five-step iteration, outputs and stats
 - `scheduler`     reap, budget, admit, preempt, and the batch handed to the model
+- `budget`        what admission may hand out in a step (`compute_budget`, chapter 6's exercise)
 - `block_manager` the pool of KV blocks (`BlockAllocator`, `blocks_needed`)
 - `prefix_cache`  blocks shared by content key (`PrefixCachingBlockAllocator`)
 - `sequence`      one request's state (`num_computed_tokens`, block table, clock)

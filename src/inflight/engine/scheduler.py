@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from inflight.checks import integer
 from inflight.engine.block_manager import BlockAllocator, blocks_needed
+from inflight.engine.budget import Budget, BudgetInputs, PlannedRequest, compute_budget
 from inflight.engine.invariants import check_scheduler
 from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
@@ -60,15 +61,6 @@ class SchedulerConfig:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_batch_size "
                              f"({self.max_batch_size}): every running request needs one token per step")
         self.watermark_blocks = integer("watermark_blocks", self.watermark_blocks, minimum=0)
-
-
-@dataclass
-class Budget:
-    """What admission may hand out in this step (admission spends it)."""
-
-    blocks: int    # free blocks - promised to running requests - watermark (negative: they need more than is free)
-    tokens: int    # tokens left in this step's forward pass
-    slots: int     # requests that may still join the batch
 
 
 @dataclass
@@ -190,26 +182,28 @@ class Scheduler:
         return done
 
     # -- 2. budget -------------------------------------------------------------------------------
-    def budget(self) -> Budget:
-        """Plan the running requests' tokens (decodes first, then prefill chunks) and reserve their
-        blocks; what is left of the pool, the token budget and the slots is what admission may use."""
-        cfg, bs = self.config, self.block_size
-        tokens, promised = cfg.max_batched_tokens, 0
+    def budget(self, compute: Callable[[BudgetInputs], Budget] = compute_budget) -> Budget:
+        """Plan the running requests' tokens (decodes first, then prefill chunks), then `compute` what
+        is left of the pool (after their blocks are reserved), the token budget and the slots: what
+        admission may use (`inflight.engine.budget`; chapter 6's exercise swaps in its own `compute`)."""
+        cfg = self.config
+        tokens = cfg.max_batched_tokens
         for s in self.running:  # decodes first: one token each, so a long prefill never starves them
             if s.num_tokens - s.num_computed_tokens == 1:
                 s.num_scheduled_tokens = 1
                 tokens -= 1
-                promised += max(0, blocks_needed(s.num_computed_tokens + 1, bs) - len(s.block_table))
         for s in self.running:  # then the rest of any prompt being prefilled in chunks
             remaining = s.num_tokens - s.num_computed_tokens
             if remaining > 1:
                 q = max(min(remaining, tokens) if cfg.enable_chunked_prefill else remaining, 0)
                 s.num_scheduled_tokens = q
                 tokens -= q
-                promised += max(0, blocks_needed(s.num_computed_tokens + q, bs) - len(s.block_table))
-        free = self.allocator.num_free - promised - cfg.watermark_blocks
-        self.events.budget = Budget(free, tokens, cfg.max_batch_size - len(self.running))
-        return Budget(free, tokens, cfg.max_batch_size - len(self.running))
+        plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table))
+                     for s in self.running)
+        b = compute(BudgetInputs(plan, self.allocator.num_free, self.block_size, cfg.watermark_blocks,
+                                 cfg.max_batched_tokens, cfg.max_batch_size))
+        self.events.budget = Budget(b.blocks, b.tokens, b.slots)
+        return b
 
     # -- 3. admit --------------------------------------------------------------------------------
     def admit(self, budget: Budget) -> list[Sequence]:

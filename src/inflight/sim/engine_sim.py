@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 
 from inflight.engine.block_manager import BlockAllocator, blocks_needed
 from inflight.engine.sampling import SamplingParams
-from inflight.engine.scheduler import Budget, Scheduler, SchedulerConfig
+from inflight.engine.budget import Budget, BudgetInputs
+from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.sequence import Sequence as Seq
 from inflight.sim.workloads import Request
 
@@ -48,9 +49,11 @@ class SimEngine:
         self.calls.append("reap")
         return self.scheduler.reap()
 
-    def budget(self):
+    def budget(self, compute: Callable[[BudgetInputs], Budget] | None = None):
+        """The scheduler's budget step; `compute` replaces `inflight.engine.budget.compute_budget`
+        (chapter 6's exercise runs the learner's version this way)."""
         self.calls.append("budget")
-        self._budget = self.scheduler.budget()
+        self._budget = self.scheduler.budget(compute) if compute is not None else self.scheduler.budget()
         return self._budget
 
     def admit(self):
