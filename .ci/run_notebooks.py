@@ -1,0 +1,160 @@
+"""Execute notebooks top to bottom in a given Jupyter kernel; fail on any error; time each one.
+
+    python .ci/run_notebooks.py --python VENV/bin/python chapters/*.ipynb learner/*.ipynb
+    python .ci/run_notebooks.py --python VENV/bin/python --paste-solutions learner/*.ipynb
+
+`--python` registers a throwaway kernelspec for that interpreter, so the notebooks run in *its*
+environment (CI's Colab-like venv) while nbclient itself comes from the environment running this
+script. Learner notebooks are also checked for what the learner's path promises:
+
+- as generated (stubs unimplemented), every check cell must report that the chapter carries on with
+  the package's reference;
+- with `--paste-solutions`, each stub is first replaced by the chapter's reference solution (what a
+  learner who got it right typed), and every check cell must report that the chapter now uses
+  the learner's code, i.e. the grader passed.
+
+Writes a JSON report (`--report`) and prints one line per notebook with its time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # make_learner's paste_solutions (book tooling, not the runtime)
+sys.path.insert(0, str(ROOT / "_ext"))
+
+import nbclient_poll  # noqa: E402
+from inflight.book import make_learner  # noqa: E402
+
+nbclient_poll.patch()  # cells with widgets end on time (see _ext/nbclient_poll.py)
+
+USES_REFERENCE = "uses the package's reference"
+USES_YOURS = "uses YOUR"
+
+
+def register_kernel(python: str, folder: Path) -> str:
+    """A kernelspec named `inflight-under-test` that starts `python -m ipykernel_launcher`."""
+    spec = folder / "kernels" / "inflight-under-test"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"inflight under test ({python})", "language": "python",
+    }))
+    os.environ["JUPYTER_PATH"] = str(folder) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
+    return "inflight-under-test"
+
+
+def _text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "".join(parts)
+
+
+def check_cells(nb) -> list[tuple[int, object]]:
+    return [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and "use_if_passed(" in c.source]
+
+
+def learner_problems(nb, pasted: bool) -> list[str]:
+    """What the executed learner notebook's check cells and text cells say that they should not."""
+    problems = []
+    want, other = (USES_YOURS, USES_REFERENCE) if pasted else (USES_REFERENCE, USES_YOURS)
+    checks = check_cells(nb)
+    if not checks:
+        problems.append("no check cell (use_if_passed) found")
+    for i, cell in checks:
+        said = _text(cell)
+        if want not in said or other in said:
+            problems.append(f"cell {i}: expected '{want}', the check printed: {said.strip()[-300:]!r}")
+    return problems
+
+
+def unknown_numbers(nb) -> int:
+    """Text cells that still show a number the notebook had not measured when they ran."""
+    from inflight.book.glue import UNKNOWN_NOTE, UNKNOWN
+
+    note = UNKNOWN_NOTE.format(mark=UNKNOWN)
+    return sum(1 for c in nb.cells if make_learner.is_text_cell(c)
+               and any(o.get("data", {}).get("text/markdown") == note for o in c.get("outputs", [])))
+
+
+def run_one(path: Path, kernel: str, timeout: int, paste: bool) -> dict:
+    nb = nbformat.read(path, as_version=4)
+    learner = path.parent.name == "learner"
+    if paste:
+        chapter = nbformat.read(ROOT / "chapters" / path.name, as_version=4)
+        nb = nbformat.from_dict(make_learner.paste_solutions(nb, chapter))
+    client = NotebookClient(nb, kernel_name=kernel, timeout=timeout, allow_errors=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    row = {"notebook": f"{path.parent.name}/{path.name}" + (" (solutions pasted)" if paste else ""),
+           "ok": True, "problems": []}
+    kernel_log = tempfile.TemporaryFile(mode="w+")  # the kernel's own stderr: shown only on failure
+    try:
+        client.execute(stderr=kernel_log)
+    except CellExecutionError as exc:
+        row["ok"] = False
+        row["problems"].append(str(exc).strip().splitlines()[-1][:500])
+    except Exception as exc:  # a dead kernel or a timeout: report it like a failed cell
+        row["ok"] = False
+        row["problems"].append(f"{type(exc).__name__}: {str(exc)[:500]}")
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    if not row["ok"]:
+        kernel_log.seek(0)
+        row["kernel_log"] = kernel_log.read()[-3000:]
+    kernel_log.close()
+    if row["ok"] and learner:
+        row["problems"] += learner_problems(nb, paste)
+        row["text_cells_with_unknown_numbers"] = unknown_numbers(nb)
+        row["ok"] = not row["problems"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("notebooks", nargs="+", type=Path)
+    ap.add_argument("--python", help="interpreter whose environment runs the notebooks (default: this one)")
+    ap.add_argument("--paste-solutions", action="store_true", help="learner notebooks: paste the reference solutions first")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    ap.add_argument("--report", type=Path, help="write the per-notebook results here (JSON)")
+    ap.add_argument("--label", default="", help="a word printed before each line (e.g. colab, cuda)")
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kernel = register_kernel(args.python or sys.executable, Path(tmp))
+        rows = []
+        for path in args.notebooks:
+            if args.paste_solutions and path.parent.name != "learner":
+                raise SystemExit(f"--paste-solutions is for learner notebooks, not {path}")
+            row = run_one(path.resolve(), kernel, args.timeout, args.paste_solutions)
+            rows.append(row)
+            status = "ok  " if row["ok"] else "FAIL"
+            print(f"{args.label}{status} {row['seconds']:6.1f} s  {row['notebook']}", flush=True)
+            for problem in row["problems"]:
+                print(f"       {problem}", flush=True)
+            if row.get("kernel_log"):
+                print("       kernel's stderr:\n" + row["kernel_log"], flush=True)
+    total = sum(r["seconds"] for r in rows)
+    failed = [r["notebook"] for r in rows if not r["ok"]]
+    print(f"{args.label}{len(rows) - len(failed)} passed, {len(failed)} failed, {total:.0f} s in all")
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps({"python": args.python or sys.executable, "notebooks": rows}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
