@@ -187,6 +187,7 @@ def test_render_pieces_and_unknown_note():
     assert pieces[2] == ("markdown", f"Then {glue.UNKNOWN}.")
     assert pieces[3] == ("markdown", glue.UNKNOWN_NOTE.format(mark=glue.UNKNOWN))
     assert glue.render("No numbers.", {}) == [("markdown", "No numbers.")]
+    assert glue.render("{{m}}", {}, note=None) == [("markdown", glue.UNKNOWN)]
 
 
 # --- make_learner -------------------------------------------------------------------------------
@@ -227,7 +228,10 @@ def test_text_cell_runs_and_its_prewritten_output_reads(monkeypatch):
     cell = make_learner.learner_notebook(CHAPTER)["cells"][2]
     assert cell["metadata"]["cellView"] == "form" and cell["source"].startswith("# @title ")
     shown = [o["data"]["text/markdown"] for o in cell["outputs"]]
-    assert shown == [f"We measured {glue.UNKNOWN} tok/s.", glue.UNKNOWN_NOTE.format(mark=glue.UNKNOWN)]
+    assert shown == [f"We measured {glue.UNKNOWN} tok/s.", glue.NOT_RUN_NOTE.format(mark=glue.UNKNOWN)]
+    later = make_learner.learner_notebook(CHAPTER)["cells"][7]  # the notebook's second text cell
+    assert make_learner.is_text_cell(later)
+    assert [o["data"]["text/markdown"] for o in later["outputs"]][-1] != glue.NOT_RUN_NOTE.format(mark=glue.UNKNOWN)
     displayed = []
     monkeypatch.setattr(glue, "GLUED", {"speed": glue.Glued(12.345, "12.345")})
     import IPython.display

@@ -34,6 +34,7 @@ GLUED: dict[str, Glued] = {}
 UNKNOWN = "…"
 UNKNOWN_NOTE = ("*{mark} marks a number this notebook has not measured yet: run the cells above "
                 "(or, if it is measured further down, the cells after this one), then this cell again.*")
+NOT_RUN_NOTE = "*Each {mark} stands for a number this notebook measures on your machine: run it to fill them in.*"
 
 # `{{name}}` or `{{name:format spec}}` in the learner's text cells; `{{!name}}` on a line of its
 # own displays the glued object itself (a figure, say), as the `{glue}` directive does.
@@ -129,8 +130,10 @@ def fill(template: str, glued: dict[str, Glued] | None = None) -> tuple[str, lis
     return PLACEHOLDER.sub(one, template), missing
 
 
-def render(template: str, glued: dict[str, Glued] | None = None) -> list[tuple[str, Any]]:
-    """The pieces `show_markdown` displays: ("markdown", text) and ("object", value) in order."""
+def render(template: str, glued: dict[str, Glued] | None = None,
+           note: str | None = UNKNOWN_NOTE) -> list[tuple[str, Any]]:
+    """The pieces `show_markdown` displays: ("markdown", text) and ("object", value) in order,
+    then `note` (if any) when a value was missing."""
     glued = GLUED if glued is None else glued
     pieces: list[tuple[str, Any]] = []
     missing: list[str] = []
@@ -156,8 +159,8 @@ def render(template: str, glued: dict[str, Glued] | None = None) -> list[tuple[s
         else:
             text_lines.append(line)
     flush()
-    if missing:
-        pieces.append(("markdown", UNKNOWN_NOTE.format(mark=UNKNOWN)))
+    if missing and note:
+        pieces.append(("markdown", note.format(mark=UNKNOWN)))
     return pieces
 
 

@@ -88,24 +88,26 @@ def is_text_cell(cell: dict) -> bool:
     return cell.get("cell_type") == "code" and cell.get("metadata", {}).get("inflight") == TEXT_CELL
 
 
-def text_cell(markdown: str) -> dict:
+def text_cell(markdown: str, first: bool = True) -> dict:
     """A code cell that shows `markdown` with this kernel's glued values filled in.
 
     Colab hides its code behind the `# @title` form, JupyterLab behind `source_hidden`. Its output
-    is written in advance (every number still unknown), so the prose reads before anything has run.
+    is written in advance (every number still unknown), so the prose reads before anything has run;
+    the `first` text cell of a notebook also says what the "…" stand for.
     """
     literal = f'r"""\n{markdown}\n"""' if '"""' not in markdown else repr(f"\n{markdown}\n")
     source = f"# @title {TEXT_TITLE}\nfrom inflight.book.glue import show_markdown\n\nshow_markdown({literal})"
     outputs = [
         {"output_type": "display_data", "metadata": {},
          "data": {"text/markdown": text, "text/plain": "<IPython.core.display.Markdown object>"}}
-        for text in (piece if kind == "markdown" else glue.UNKNOWN for kind, piece in glue.render(markdown, {}))
+        for text in (piece if kind == "markdown" else glue.UNKNOWN
+                     for kind, piece in glue.render(markdown, {}, note=glue.NOT_RUN_NOTE if first else None))
     ]
     metadata = {"cellView": "form", "jupyter": {"source_hidden": True}, "inflight": TEXT_CELL}
     return {"cell_type": "code", "execution_count": None, "metadata": metadata, "outputs": outputs, "source": source}
 
 
-def learner_markdown(cell: dict, converter: myst.Converter) -> list[dict]:
+def learner_markdown(cell: dict, converter: myst.Converter, first_text: bool = True) -> list[dict]:
     """A MyST Markdown cell as plain-Markdown cells, with each run of blocks that quote glued
     numbers moved into a `text_cell` (the rest stays Markdown, so it reads before anything runs)."""
     groups: list[tuple[bool, list[str]]] = []
@@ -122,7 +124,8 @@ def learner_markdown(cell: dict, converter: myst.Converter) -> list[dict]:
     for dynamic, texts in groups:
         markdown = "\n\n".join(texts)
         if dynamic:
-            cells.append(text_cell(markdown))
+            cells.append(text_cell(markdown, first=first_text))
+            first_text = False
         else:
             cells.append({"cell_type": "markdown", "metadata": copy.deepcopy(cell.get("metadata", {})),
                           "source": markdown})
@@ -149,7 +152,7 @@ def learner_notebook(nb: dict) -> dict:
     cells: list[dict] = []
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "markdown":
-            cells.extend(learner_markdown(cell, converter))
+            cells.extend(learner_markdown(cell, converter, first_text=not any(map(is_text_cell, cells))))
         elif cell.get("cell_type") == "code":
             cells.append(learner_code(cell))
         else:
