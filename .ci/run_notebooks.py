@@ -1,18 +1,19 @@
 """Execute notebooks top to bottom in a given Jupyter kernel; fail on any error; time each one.
 
     python .ci/run_notebooks.py --python VENV/bin/python chapters/*.ipynb learner/*.ipynb
-    python .ci/run_notebooks.py --python VENV/bin/python --paste-solutions learner/*.ipynb
 
 `--python` registers a throwaway kernelspec for that interpreter, so the notebooks run in *its*
 environment (CI's Colab-like venv) while nbclient itself comes from the environment running this
-script. Learner notebooks are also checked for what the learner's path promises:
+script. A learner notebook is also checked for what the learner's path promises:
 
-- as generated (stubs unimplemented), every check cell must report that the chapter carries on with
-  the package's reference;
-- with `--paste-solutions`, each stub is first replaced by the chapter's reference solution (what a
-  learner who got it right typed), and every check cell must report that the chapter now uses
-  the learner's code, i.e. the grader passed.
+- run as generated (stubs unimplemented), every check cell must report that the chapter carries on
+  with the package's reference;
+- then, in the same kernel, each exercise cell runs again with the chapter's reference solution
+  pasted into it (what a learner who came back and got it right has typed), followed by its check
+  cell, which must now report that the chapter uses the learner's code: the grader passed.
 
+(The rest of a chapter running on a correct answer is what the chapter notebook itself does: its
+code cells are the learner's with the solutions pasted in, which tests/test_notebooks.py checks.)
 Writes a JSON report (`--report`) and prints one line per notebook with its time.
 """
 from __future__ import annotations
@@ -68,17 +69,40 @@ def check_cells(nb) -> list[tuple[int, object]]:
     return [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and "use_if_passed(" in c.source]
 
 
-def learner_problems(nb, pasted: bool) -> list[str]:
-    """What the executed learner notebook's check cells and text cells say that they should not."""
+REGRADE = "regrade"  # metadata["inflight"] of the cells appended by append_regrades
+
+
+def append_regrades(nb, chapter) -> int:
+    """Append to a learner notebook, for each exercise, its cell with the chapter's reference
+    solution pasted in and then its check cell again; return how many exercises there are."""
+    pasted = make_learner.paste_solutions(nb, chapter)
+    extra = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and make_learner.STUB in cell.source:
+            check = next((c for c in nb.cells[i + 1:] if c.cell_type == "code" and "use_if_passed(" in c.source), None)
+            if check is None:
+                raise ValueError(f"exercise cell {i} has no check cell (use_if_passed) after it")
+            extra += [nbformat.v4.new_code_cell(pasted["cells"][i]["source"]), nbformat.v4.new_code_cell(check.source)]
+    for cell in extra:
+        cell.pop("id", None)  # nbformat 4.4 notebooks have no cell ids
+        cell.metadata["inflight"] = REGRADE
+    nb.cells.extend(extra)
+    return len(extra) // 2
+
+
+def learner_problems(nb) -> list[str]:
+    """What an executed learner notebook's check cells say that they should not."""
     problems = []
-    want, other = (USES_YOURS, USES_REFERENCE) if pasted else (USES_REFERENCE, USES_YOURS)
     checks = check_cells(nb)
-    if not checks:
-        problems.append("no check cell (use_if_passed) found")
-    for i, cell in checks:
-        said = _text(cell)
-        if want not in said or other in said:
-            problems.append(f"cell {i}: expected '{want}', the check printed: {said.strip()[-300:]!r}")
+    first = [(i, c) for i, c in checks if c.metadata.get("inflight") != REGRADE]
+    again = [(i, c) for i, c in checks if c.metadata.get("inflight") == REGRADE]
+    if not first or len(first) != len(again):
+        problems.append(f"{len(first)} check cells but {len(again)} exercises graded again with their solution")
+    for cells, want, other in ((first, USES_REFERENCE, USES_YOURS), (again, USES_YOURS, USES_REFERENCE)):
+        for i, cell in cells:
+            said = _text(cell)
+            if want not in said or other in said:
+                problems.append(f"cell {i}: expected '{want}', the check printed: {said.strip()[-300:]!r}")
     return problems
 
 
@@ -88,20 +112,19 @@ def unknown_numbers(nb) -> int:
 
     note = UNKNOWN_NOTE.format(mark=UNKNOWN)
     return sum(1 for c in nb.cells if make_learner.is_text_cell(c)
-               and any(o.get("data", {}).get("text/markdown") == note for o in c.get("outputs", [])))
+               and any(note in o.get("data", {}).get("text/markdown", "") for o in c.get("outputs", [])))
 
 
-def run_one(path: Path, kernel: str, timeout: int, paste: bool) -> dict:
+def run_one(path: Path, kernel: str, timeout: int) -> dict:
     nb = nbformat.read(path, as_version=4)
     learner = path.parent.name == "learner"
-    if paste:
-        chapter = nbformat.read(ROOT / "chapters" / path.name, as_version=4)
-        nb = nbformat.from_dict(make_learner.paste_solutions(nb, chapter))
+    exercises = append_regrades(nb, nbformat.read(ROOT / "chapters" / path.name, as_version=4)) if learner else 0
     client = NotebookClient(nb, kernel_name=kernel, timeout=timeout, allow_errors=False,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    row = {"notebook": f"{path.parent.name}/{path.name}" + (" (solutions pasted)" if paste else ""),
-           "ok": True, "problems": []}
+    row = {"notebook": f"{path.parent.name}/{path.name}", "ok": True, "problems": []}
+    if learner:
+        row["exercises_regraded"] = exercises
     kernel_log = tempfile.TemporaryFile(mode="w+")  # the kernel's own stderr: shown only on failure
     try:
         client.execute(stderr=kernel_log)
@@ -117,7 +140,7 @@ def run_one(path: Path, kernel: str, timeout: int, paste: bool) -> dict:
         row["kernel_log"] = kernel_log.read()[-3000:]
     kernel_log.close()
     if row["ok"] and learner:
-        row["problems"] += learner_problems(nb, paste)
+        row["problems"] += learner_problems(nb)
         row["text_cells_with_unknown_numbers"] = unknown_numbers(nb)
         row["ok"] = not row["problems"]
     return row
@@ -127,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("notebooks", nargs="+", type=Path)
     ap.add_argument("--python", help="interpreter whose environment runs the notebooks (default: this one)")
-    ap.add_argument("--paste-solutions", action="store_true", help="learner notebooks: paste the reference solutions first")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     ap.add_argument("--report", type=Path, help="write the per-notebook results here (JSON)")
     ap.add_argument("--label", default="", help="a word printed before each line (e.g. colab, cuda)")
@@ -137,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         kernel = register_kernel(args.python or sys.executable, Path(tmp))
         rows = []
         for path in args.notebooks:
-            if args.paste_solutions and path.parent.name != "learner":
-                raise SystemExit(f"--paste-solutions is for learner notebooks, not {path}")
-            row = run_one(path.resolve(), kernel, args.timeout, args.paste_solutions)
+            row = run_one(path.resolve(), kernel, args.timeout)
             rows.append(row)
             status = "ok  " if row["ok"] else "FAIL"
-            print(f"{args.label}{status} {row['seconds']:6.1f} s  {row['notebook']}", flush=True)
+            extra = (f"  ({row['exercises_regraded']} exercise(s) graded again with the solution pasted in: passed)"
+                     if row["ok"] and row.get("exercises_regraded") else "")
+            print(f"{args.label}{status} {row['seconds']:6.1f} s  {row['notebook']}{extra}", flush=True)
             for problem in row["problems"]:
                 print(f"       {problem}", flush=True)
             if row.get("kernel_log"):

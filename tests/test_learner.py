@@ -228,16 +228,40 @@ def test_text_cell_runs_and_its_prewritten_output_reads(monkeypatch):
     cell = make_learner.learner_notebook(CHAPTER)["cells"][2]
     assert cell["metadata"]["cellView"] == "form" and cell["source"].startswith("# @title ")
     shown = [o["data"]["text/markdown"] for o in cell["outputs"]]
-    assert shown == [f"We measured {glue.UNKNOWN} tok/s.", glue.NOT_RUN_NOTE.format(mark=glue.UNKNOWN)]
+    assert shown == [f"We measured {glue.UNKNOWN} tok/s.\n\n" + glue.NOT_RUN_NOTE.format(mark=glue.UNKNOWN)]
     later = make_learner.learner_notebook(CHAPTER)["cells"][7]  # the notebook's second text cell
     assert make_learner.is_text_cell(later)
-    assert [o["data"]["text/markdown"] for o in later["outputs"]][-1] != glue.NOT_RUN_NOTE.format(mark=glue.UNKNOWN)
+    assert glue.NOT_RUN_NOTE.format(mark=glue.UNKNOWN) not in later["outputs"][0]["data"]["text/markdown"]
     displayed = []
     monkeypatch.setattr(glue, "GLUED", {"speed": glue.Glued(12.345, "12.345")})
     import IPython.display
-    monkeypatch.setattr(IPython.display, "display", lambda obj: displayed.append(obj.data))
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: displayed.append(obj.data))
     exec(compile(cell["source"], "<text cell>", "exec"), {})
     assert displayed == ["We measured 12.3 tok/s."]
+
+
+def test_a_text_shown_before_its_number_is_redrawn_when_it_is_glued(monkeypatch):
+    class Handle:
+        def __init__(self, obj):
+            self.shown = [obj.data]
+
+        def update(self, obj):
+            self.shown.append(obj.data)
+
+    handles = []
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: handles.append(Handle(obj)) or handles[-1])
+    monkeypatch.setattr(glue, "GLUED", {})
+    monkeypatch.setattr(glue, "_WAITING", [])
+    monkeypatch.setattr(glue, "_myst_nb_glue", lambda: None)
+    glue.glue("a", 1, display=False)
+    glue.show_markdown("{{a}} then {{b:.1f}} and {{c}}")
+    assert handles[0].shown == [f"1 then {glue.UNKNOWN} and {glue.UNKNOWN}\n\n" + glue.UNKNOWN_NOTE.format(mark=glue.UNKNOWN)]
+    glue.glue("b", 2.25, display=False)
+    glue.glue("c", "x", display=False)
+    assert handles[0].shown[1:] == [f"1 then 2.2 and {glue.UNKNOWN}\n\n" + glue.UNKNOWN_NOTE.format(mark=glue.UNKNOWN),
+                                    "1 then 2.2 and x"]
+    assert glue._WAITING == []
 
 
 def test_text_cell_survives_triple_quotes_and_backslashes():

@@ -32,8 +32,8 @@ GLUED: dict[str, Glued] = {}
 """Every value glued in this kernel so far, by name (the last glue of a name wins)."""
 
 UNKNOWN = "…"
-UNKNOWN_NOTE = ("*{mark} marks a number this notebook has not measured yet: run the cells above "
-                "(or, if it is measured further down, the cells after this one), then this cell again.*")
+UNKNOWN_NOTE = ("*{mark} marks a number this notebook has not measured yet: it appears here as soon as "
+                "the cell that measures it has run (run the cells above, or the ones after this).*")
 NOT_RUN_NOTE = "*Each {mark} stands for a number this notebook measures on your machine: run it to fill them in.*"
 
 # `{{name}}` or `{{name:format spec}}` in the learner's text cells; `{{!name}}` on a line of its
@@ -73,6 +73,7 @@ def glue(name: str, value: Any, display: bool = True) -> None:
         myst_glue(name, value, display)
     elif display:
         _display(value)
+    _update_waiting(name)
 
 
 def _display(value: Any) -> None:
@@ -164,9 +165,43 @@ def render(template: str, glued: dict[str, Glued] | None = None,
     return pieces
 
 
+@dataclass
+class _Waiting:
+    """A text shown before some of its numbers were glued, and the display to update with them."""
+
+    template: str
+    handle: Any
+    missing: set[str]
+
+
+_WAITING: list[_Waiting] = []
+
+
 def show_markdown(template: str) -> None:
-    """Display the template as Markdown with this kernel's glued values filled in."""
+    """Display the template as Markdown with this kernel's glued values filled in.
+
+    A number not glued yet shows as `UNKNOWN`, and the text is redrawn in place as soon as a later
+    cell glues it (a paragraph may quote a number measured further down, as the book's prose can).
+    """
     from IPython.display import Markdown, display
 
-    for kind, item in render(template):
-        display(Markdown(item) if kind == "markdown" else item)
+    pieces = render(template)
+    if any(kind == "object" for kind, _ in pieces):  # figures: shown as they are, not redrawn
+        for kind, item in pieces:
+            display(Markdown(item) if kind == "markdown" else item)
+        return
+    handle = display(Markdown("\n\n".join(item for _, item in pieces)), display_id=True)
+    missing = {split_ref(m["ref"])[0] for m in PLACEHOLDER.finditer(template)} - set(GLUED)
+    if missing and handle is not None:
+        _WAITING.append(_Waiting(template, handle, missing))
+
+
+def _update_waiting(name: str) -> None:
+    """Redraw the texts shown earlier that were waiting for `name`."""
+    for waiting in [w for w in _WAITING if name in w.missing]:
+        from IPython.display import Markdown
+
+        waiting.missing.discard(name)
+        waiting.handle.update(Markdown("\n\n".join(item for _, item in render(waiting.template))))
+        if not waiting.missing:
+            _WAITING.remove(waiting)

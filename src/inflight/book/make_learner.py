@@ -97,12 +97,10 @@ def text_cell(markdown: str, first: bool = True) -> dict:
     """
     literal = f'r"""\n{markdown}\n"""' if '"""' not in markdown else repr(f"\n{markdown}\n")
     source = f"# @title {TEXT_TITLE}\nfrom inflight.book.glue import show_markdown\n\nshow_markdown({literal})"
-    outputs = [
-        {"output_type": "display_data", "metadata": {},
-         "data": {"text/markdown": text, "text/plain": "<IPython.core.display.Markdown object>"}}
-        for text in (piece if kind == "markdown" else glue.UNKNOWN
-                     for kind, piece in glue.render(markdown, {}, note=glue.NOT_RUN_NOTE if first else None))
-    ]
+    pieces = glue.render(markdown, {}, note=glue.NOT_RUN_NOTE if first else None)
+    shown = "\n\n".join(item if kind == "markdown" else glue.UNKNOWN for kind, item in pieces)
+    outputs = [{"output_type": "display_data", "metadata": {},
+                "data": {"text/markdown": shown, "text/plain": "<IPython.core.display.Markdown object>"}}]
     metadata = {"cellView": "form", "jupyter": {"source_hidden": True}, "inflight": TEXT_CELL}
     return {"cell_type": "code", "execution_count": None, "metadata": metadata, "outputs": outputs, "source": source}
 
