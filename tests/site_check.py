@@ -1,9 +1,10 @@
 """Open every page of the built site in headless Chromium (Debian's, driven by Playwright).
 
 Fails on a JavaScript error, an image that did not load, a chapter page without an
-"Open in Colab" link, or a code cell or output cut off at the right edge of the text column
-(counted per page, collapsed cells opened first); saves a full-page screenshot of each page for a
-person to look at.
+"Open in Colab" link or with one (the header's launch button included) that does not open the
+learner version at the release tag, or a code cell or output cut off at the right edge of the text
+column (counted per page, collapsed cells opened first); saves a full-page screenshot of each page
+for a person to look at.
 
     python tests/site_check.py _build/html --screenshots _build/screenshots
 """
@@ -17,6 +18,10 @@ import threading
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from inflight.book.notebook import colab_link, read_repository  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -91,6 +96,16 @@ def cut_off(page) -> tuple[dict, list[str]]:
     return counts, lines
 
 
+def colab_problems(page, rel: str, repo: str) -> list[str]:
+    """Every Colab link on a chapter page (its own and the header's launch button) must open the
+    learner version at the release tag; and there must be at least one."""
+    want = colab_link(repo, Path(rel).with_suffix(".ipynb").name)
+    hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']", "els => els.map(e => e.href)")
+    if not hrefs:
+        return [f"{rel}: no 'Open in Colab' link"]
+    return [f"{rel}: Colab link {h} should open {want}" for h in sorted(set(hrefs)) if h != want]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("site", type=Path)
@@ -104,6 +119,7 @@ def main() -> int:
         return 1
     args.screenshots.mkdir(parents=True, exist_ok=True)
     server, base = serve(args.site)
+    repo, _branch = read_repository(ROOT / "_config.yml")
     problems: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
@@ -128,9 +144,9 @@ def main() -> int:
             for url in failed_local:
                 problems.append(f"{rel}: request failed: {url}")
             if rel.startswith("chapters/"):
-                colab = page.locator("a[href*='colab.research.google.com']").count()
-                if colab == 0:
-                    problems.append(f"{rel}: no 'Open in Colab' link")
+                problems += colab_problems(page, rel, repo)
+                if page.locator("article img").count() == 0:  # every chapter plots (e.g. MPLBACKEND=Agg drew none)
+                    problems.append(f"{rel}: no figure on the page")
             shot = args.screenshots / (rel.replace("/", "__").removesuffix(".html") + ".png")
             page.screenshot(path=str(shot), full_page=True)
             counts, cut = cut_off(page)  # after the screenshot: it opens collapsed cells

@@ -1,17 +1,33 @@
-"""The chapters follow the book's conventions: committed without outputs, the shared setup cell,
-an "Open in Colab" link to the learner version, listed in the table of contents, and learner
-versions in sync."""
+"""The chapters follow the book's conventions: committed without outputs, the shared setup cell
+(installing the release the page was written for), one Colab destination (the learner version at
+that release), listed in the table of contents, nothing from the book tooling at run time, and
+learner versions in sync and free of raw MyST."""
+import ast
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from inflight.book.notebook import colab_link, read_repository, setup_cell
-from inflight.book import make_learner
+import inflight
+from inflight.book import make_learner, myst
+from inflight.book.glue import PLACEHOLDER
+from inflight.book.notebook import COLAB_LINK, colab_link, read_repository, release_tag, setup_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+LEARNER = sorted((ROOT / "learner").glob("*.ipynb"))
+
+# What Colab preinstalls (the runtime .ci/colab rebuilds), by import name.
+COLAB_SET = {"torch", "numpy", "matplotlib", "ipywidgets", "ipykernel", "IPython", "tqdm", "pandas",
+             "transformers", "safetensors", "huggingface_hub", "yaml", "nbformat", "requests"}
+# Imported only where present, each behind its own guard.
+OPTIONAL = {"triton": "the [triton] extra: the GPU kernel, imported on CUDA only",
+            "myst_nb": "the book build: inflight.book.glue works without it",
+            "google": "Colab's own module, imported only on Colab"}
+IMPORT_NAMES = {"pyyaml": "yaml", "huggingface-hub": "huggingface_hub"}
 
 
 def _cells(path):
@@ -25,6 +41,7 @@ def _src(cell):
 
 def test_there_are_chapters():
     assert CHAPTERS, "no notebooks in chapters/"
+    assert [p.name for p in LEARNER] == [p.name for p in CHAPTERS]
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
@@ -35,13 +52,33 @@ def test_committed_without_outputs(path):
             assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
 
 
+def test_release_tag_is_the_package_version():
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    version = re.search(r'(?m)^version = "([^"]+)"', pyproject).group(1)
+    assert inflight.__version__ == version, "inflight.__version__ and pyproject.toml's version differ"
+    assert release_tag() == f"v{version}"
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_setup_cell_and_colab_link(path):
-    url, branch = read_repository(ROOT / "_config.yml")
+    url, _branch = read_repository(ROOT / "_config.yml")
     cells = _cells(path)
-    assert _src(cells[0]) == setup_cell(url, branch), f"{path.name}: first cell must be inflight.book.notebook.setup_cell()"
-    link = colab_link(url, path.name, branch)
-    assert any(link in _src(c) for c in cells if c["cell_type"] == "markdown"), f"{path.name}: no 'Open in Colab' link {link}"
+    fix = "run: python -m inflight.book.notebook chapters/"
+    assert _src(cells[0]) == setup_cell(url), f"{path.name}: first cell must be setup_cell() ({fix})"
+    assert f'"{release_tag()}"' in _src(cells[0])
+    link = colab_link(url, path.name)
+    links = [m for c in cells if c["cell_type"] == "markdown" for m in COLAB_LINK.findall(_src(c))]
+    assert link in links, f"{path.name}: no 'Open in Colab' link {link} ({fix})"
+    assert set(links) == {link}, f"{path.name}: every Colab link must open {link}, found {sorted(set(links))}"
+
+
+def test_repository_url_lives_in_config_only():
+    url, _branch = read_repository(ROOT / "_config.yml")
+    allowed = {ROOT / "_config.yml", *CHAPTERS, *LEARNER}  # the notebooks' copies are generated and checked
+    places = [p for folder in ("src", "tests", ".ci", ".github", "_ext") for p in (ROOT / folder).rglob("*")
+              if p.is_file() and p.suffix in {".py", ".yml", ".yaml", ".md", ""} and p not in allowed]
+    places += [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / "intro.md"]
+    assert not [str(p.relative_to(ROOT)) for p in places if p.exists() and url in p.read_text(errors="ignore")]
 
 
 def test_every_chapter_in_toc():
@@ -55,14 +92,68 @@ def test_every_chapter_in_toc():
     assert all((ROOT / f"{f}.md").is_file() for f in pages), sorted(pages)
 
 
+def _imports(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "inflight"}
+
+
+def test_run_time_imports_are_dependencies():
+    """What chapters and the package import at run time is in pyproject's dependencies or
+    Colab's preinstalled set; book tooling (myst_nb) is not needed at run time at all."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    deps_block = re.search(r"(?ms)^dependencies = \[(.*?)^\]", pyproject).group(1)
+    deps = {re.split(r"[<>=!~\[ ;]", d.strip().strip('",'))[0] for d in deps_block.splitlines() if d.strip().strip('",')}
+    allowed = {IMPORT_NAMES.get(d, d) for d in deps} | COLAB_SET | set(OPTIONAL)
+    used = {}
+    for path in CHAPTERS:
+        for cell in _cells(path):
+            if cell["cell_type"] == "code":
+                for name in _imports(_src(cell)):
+                    used.setdefault(name, path.name)
+    for path in (ROOT / "src" / "inflight").rglob("*.py"):
+        for name in _imports(path.read_text(encoding="utf-8")):
+            used.setdefault(name, str(path.relative_to(ROOT)))
+    assert not {n: where for n, where in used.items() if n not in allowed}
+    assert "myst_nb" not in {n for p in CHAPTERS for c in _cells(p) if c["cell_type"] == "code" for n in _imports(_src(c))}
+
+
 def test_learner_notebooks_in_sync():
     assert make_learner.main([str(ROOT / "chapters"), "-o", str(ROOT / "learner"), "--check"]) == 0
 
 
 def test_learner_versions_have_no_solutions():
-    for path in sorted((ROOT / "learner").glob("*.ipynb")):
+    for path in LEARNER:
         text = path.read_text(encoding="utf-8")
         assert "### BEGIN SOLUTION" not in text, path.name
+
+
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
+def test_learner_markdown_holds_no_raw_myst(path):
+    cells = _cells(path)
+    markdown = [_src(c) for c in cells if c["cell_type"] == "markdown"]
+    shown = [o["data"]["text/markdown"] for c in cells if make_learner.is_text_cell(c) for o in c["outputs"]]
+    raw = {i: myst.count_raw_myst(t) for i, t in enumerate(markdown + shown) if myst.count_raw_myst(t)}
+    assert not raw, f"{path.name}: raw MyST left in {sum(raw.values())} places"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_every_glued_number_reaches_the_learner(path):
+    """Each {glue:*} role of the chapter is one placeholder in a learner text cell, and the chapter's
+    exercises, solutions and admonitions all made it across."""
+    chapter_md = "\n".join(_src(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    roles = re.findall(r"\{glue(?::\w*)?\}`([^`]+)`", chapter_md)
+    learner = _cells(ROOT / "learner" / path.name)
+    refs = [m["ref"] for c in learner if make_learner.is_text_cell(c) for m in PLACEHOLDER.finditer(_src(c))]
+    assert sorted(refs) == sorted(roles)
+    learner_text = "\n".join(_src(c) for c in learner if c["cell_type"] == "markdown" or make_learner.is_text_cell(c))
+    n_exercises = len(re.findall(r"(?m)^[`:]{3,}\{exercise\}", chapter_md))
+    assert len(re.findall(r"\*\*Exercise \d+ \(", learner_text)) == n_exercises
+    assert learner_text.count("<summary>Solution to Exercise") == len(re.findall(r"(?m)^[`:]{3,}\{solution\}", chapter_md))
 
 
 def test_make_learner_replaces_solution_with_stub():
@@ -70,3 +161,14 @@ def test_make_learner_replaces_solution_with_stub():
     out = make_learner.strip_solutions(src)
     assert "return 2 * x" not in out and "# Hint: double it" in out
     assert "    raise NotImplementedError(" in out
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_pasting_the_solutions_gives_the_chapters_code_back(path):
+    chapter = json.loads(path.read_text(encoding="utf-8"))
+    learner = json.loads((ROOT / "learner" / path.name).read_text(encoding="utf-8"))
+    pasted = make_learner.paste_solutions(learner, chapter)
+    mine = [_src(c) for c in pasted["cells"] if c["cell_type"] == "code" and not make_learner.is_text_cell(c)]
+    theirs = ["".join(l for l in _src(c).splitlines(keepends=True) if "### BEGIN SOLUTION" not in l
+                      and "### END SOLUTION" not in l) for c in chapter["cells"] if c["cell_type"] == "code"]
+    assert [m.rstrip("\n") for m in mine] == [t.rstrip("\n") for t in theirs]
