@@ -79,16 +79,17 @@ def run_workload(model: Any, workload: PrefixWorkload, *, enable_prefix_caching:
     order = sorted(range(len(workload.prompts)), key=lambda i: workload.arrival_steps[i])
     ids: dict[int, str] = {}
     nxt, step = 0, 0
+    final = {}  # request id -> its final output (the engine forgets a request once it has returned that)
     start = time.perf_counter()
     while nxt < len(order) or engine.has_unfinished_requests():
         while nxt < len(order) and workload.arrival_steps[order[nxt]] <= step:
             i = order[nxt]
             ids[i] = engine.add_request(workload.prompts[i], sp)
             nxt += 1
-        engine.step()
+        final.update((o.request_id, o) for o in engine.step() if o.finished)
         step += 1
     wall = time.perf_counter() - start
-    outs = [engine.get_output(ids[i]) for i in range(len(workload.prompts))]
+    outs = [final[ids[i]] for i in range(len(workload.prompts))]
     ttfts = [o.ttft for o in outs]
     s = engine.summary()
     gen = sum(len(o.token_ids) for o in outs)
