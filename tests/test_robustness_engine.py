@@ -328,3 +328,33 @@ def test_caller_changes_after_submission_do_not_reach_the_request(model):
     sp.max_tokens, sp.stop_token_ids, sp.temperature = 0, "junk", float("nan")  # too late: it runs as sent
     out = drain(engine)[rid]
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
+
+
+def test_the_reported_instances(model):
+    """Each instance the issue reported, as a regression test."""
+    engine = LLMEngine(model, block_size=4, num_blocks=24, debug=True)
+    before = state(engine)
+    with pytest.raises(ValueError, match="64-bit"):  # used to overflow inside generate() and orphan the request
+        engine.generate([[1, 2]], SamplingParams(priority=10**400))
+    with pytest.raises(ValueError, match="64-bit"):
+        engine.add_request([1, 2], priority=10**400)
+    with pytest.raises(TypeError, match="bool"):
+        engine.add_request([True, False])
+    with pytest.raises(ValueError, match="NaN"):
+        engine.add_request([1, 2], arrival_time=float("nan"))
+    with pytest.raises(TypeError, match="seed"):
+        SamplingParams(seed="x")
+    with pytest.raises(ValueError, match="swap_blocks"):
+        LLMEngine(model, num_blocks=8, swap_blocks=-1)  # even with preemption="recompute"
+    with pytest.raises(ValueError, match="2-D"):
+        engine.generate(torch.tensor([[5, 9], [2, 33]]))
+    assert state(engine) == before
+    engine.step()
+    engine.abort_request("0")  # nothing orphaned: no assertion, no list.remove error
+    # a 1-D tensor is ONE prompt for generate() as for add_request()
+    outs = engine.generate(torch.tensor([5, 9, 2, 33]), SamplingParams(max_tokens=2), use_tqdm=False)
+    assert len(outs) == 1 and outs[0].prompt_token_ids == [5, 9, 2, 33]
+    # temperature=1e-45 used to make the probabilities NaN and crash every step for everyone
+    outs = engine.generate([[1, 2, 3], [4, 5]], [SamplingParams(temperature=1e-45, max_tokens=3, ignore_eos=True),
+                                                 SamplingParams(max_tokens=3, ignore_eos=True)], use_tqdm=False)
+    assert [o.finish_reason for o in outs] == ["length", "length"]

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from inflight.checks import integer
+from inflight.checks import integer, show, token_ids as check_token_ids
 from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +130,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         it covers — at most `len(token_ids) - 1`, so the last token is always recomputed.
 
         Pure: nothing changes (admission may still fail); `acquire` then takes the blocks."""
+        token_ids = check_token_ids("token_ids", token_ids)
         bs = self.block_size
         usable = (len(token_ids) - 1) // bs if token_ids else 0
         blocks, parent = [], ROOT_KEY
@@ -170,6 +171,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         the key is already cached in another block — a duplicate computed concurrently — or the
         block already has a key."""
         b = self._check_block(block)
+        if not isinstance(key, bytes):
+            raise TypeError(f"a cache key must be bytes (from block_key), got {type(key).__name__} ({show(key)})")
         if self._ref_counts[b] == 0:
             raise ValueError(f"cache_block of free block {b}: only a block a request holds can be cached")
         if key in self._block_of or b in self._key_of:

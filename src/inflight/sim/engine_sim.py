@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from inflight.checks import integer, token_ids
 from inflight.engine.block_manager import BlockAllocator, blocks_needed
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.sampling import SamplingParams
@@ -41,7 +42,9 @@ class SimEngine:
         cpu = BlockAllocator(num_blocks, block_size) if preemption == "swap" else None
         pool = PrefixCachingBlockAllocator if cfg.enable_prefix_caching else BlockAllocator
         self.scheduler = Scheduler(pool(num_blocks, block_size), cfg, cpu)
-        self.prompts = dict(prompts or {})
+        self.prompts = {str(k): token_ids(f"prompts[{k!r}]", v) for k, v in (prompts or {}).items()}
+        for r in requests:
+            self._check(r)
         self.pending = sorted(enumerate(requests), key=lambda ir: (ir[1].arrival, ir[0]))
         self._budget = Budget(0, 0, 0)  # the last budget computed: admit() spends it, stale or not
         self.seqs: list[Seq] = []
@@ -49,6 +52,21 @@ class SimEngine:
         self.log: list[dict] = []
         self.calls: list[str] = []
         self.overcommitted = 0
+
+    def _check(self, r: Request) -> None:
+        """A request the engine would accept: positive lengths, an arrival step, and a pool it fits."""
+        if not isinstance(r, Request):
+            raise TypeError(f"requests must be inflight.sim.workloads.Request, got {type(r).__name__}")
+        prompt_len = len(self.prompts[str(r.id)]) if str(r.id) in self.prompts else \
+            integer(f"request {r.id!r}: prompt_len", r.prompt_len, minimum=1)
+        if prompt_len < 1:
+            raise ValueError(f"request {r.id!r}: empty prompt")
+        output_len = integer(f"request {r.id!r}: output_len", r.output_len, minimum=1)
+        integer(f"request {r.id!r}: arrival", r.arrival, minimum=0)
+        try:
+            self.scheduler.check_can_run(prompt_len, output_len)
+        except ValueError as exc:
+            raise ValueError(f"request {r.id!r}: {exc}") from None
 
     # the five steps, as the learner calls them
     def reap(self):
