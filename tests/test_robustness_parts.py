@@ -25,7 +25,7 @@ REFUSALS = (ValueError, TypeError, NoFreeBlocksError)
 
 def _allocator_state(a: BlockAllocator) -> tuple:
     extra = (dict(a._key_of), list(a._evictable), a.stats.requests) if isinstance(a, PrefixCachingBlockAllocator) else ()
-    return (list(a._free), list(a._ref_counts), a.num_free, *extra)
+    return (list(a._free), dict(a._ref_counts), a.num_free, *extra)
 
 
 ops = st.lists(st.one_of(
@@ -135,3 +135,24 @@ def test_fuzz_part_one_schedulers(kind, batch, memory, ops):
             break
         sched.step()
     assert len(sched.active) <= batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["alloc", "prefix", "static", "continuous", "skip", "priority"]),
+       a=st.one_of(st.integers(-2, 64), st.just(10**18), junk), b=st.one_of(st.none(), st.integers(-2, 64), st.floats(-1, 100), junk),
+       aging=st.one_of(st.none(), st.floats(-1, 1e300), junk))
+def test_fuzz_constructors(kind, a, b, aging):
+    make = {"alloc": lambda: BlockAllocator(a, b), "prefix": lambda: PrefixCachingBlockAllocator(a, b),
+            "static": lambda: StaticBatchScheduler(a), "continuous": lambda: ContinuousBatchScheduler(a, b),
+            "skip": lambda: SkipAheadScheduler(a, b), "priority": lambda: PriorityScheduler(a, b, aging=aging)}[kind]
+    try:
+        obj = make()
+    except (ValueError, TypeError) as exc:
+        assert str(exc)
+        return
+    if kind in ("alloc", "prefix"):
+        assert obj.num_free == obj.num_blocks == a >= 1 and obj.block_size >= 1
+        assert len(obj.allocate(min(a, 3))) == min(a, 3)
+    else:
+        obj.add_request("r", 2)
+        assert obj.step() in (["r"], [])  # [] only when the request's default cost exceeds max_memory
