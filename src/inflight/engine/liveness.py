@@ -64,9 +64,9 @@ def describe_stall(sched: "Scheduler") -> str:
              "nothing, so every later step would do the same."]
     if b is not None:
         free = sched.allocator.num_free
-        lines.append(f"The budget: {b.blocks} block(s) (of {free} free, {b.watermark} kept as watermark, the rest "
-                     f"promised to running requests), {b.tokens} token(s), {b.slots} slot(s); "
-                     f"{len(sched.running)} running.")
+        lines.append(f"The budget: {b.blocks} block(s) = {free} free - {free - b.blocks - b.watermark} promised to "
+                     f"running requests - {b.watermark} kept as watermark (usable too by a request that would run "
+                     f"alone); {b.tokens} token(s), {b.slots} slot(s); {len(sched.running)} running.")
     head, where = (sched.swapped[0], "first swapped-out") if sched.swapped else \
         (sched.waiting[0], "first waiting") if sched.waiting else (None, "")
     if head is not None and b is not None:
