@@ -13,6 +13,7 @@ engine ends just that request); calling the sampler directly raises `SamplingErr
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -59,21 +60,25 @@ class Sampler:
                generators: Sequence[torch.Generator | None]) -> tuple[list[int], dict[int, str]]:
         """Like calling the sampler, but a row that cannot be sampled gets token -1 and an entry in
         the returned `{row: reason}`; the other rows are unaffected."""
-        greedy_ids, finite = torch.stack([logits.argmax(dim=-1),
-                                          torch.isfinite(logits).all(dim=-1).long()]).tolist()
-        failures = {i: "the model's logits for it are not finite (NaN or infinity)" for i, ok in enumerate(finite)
-                    if not ok}
+        best, greedy = logits.max(dim=-1)  # the greedy token, and a NaN/inf check of the row for free
+        out, failures = greedy.tolist(), {}
+        top = best.tolist()
+        if not math.isfinite(sum(top)):  # (one C-level sum: the common case costs no per-row Python)
+            for i, v in enumerate(top):
+                if not math.isfinite(v):
+                    failures[i], out[i] = "the model's logits for it are not finite (NaN or +inf, or all -inf)", -1
         rows = [i for i, t in enumerate(temperatures) if t > 0 and i not in failures]
         if not rows:  # the common fast path: greedy rows only, no per-row work
-            return [-1 if i in failures else t for i, t in enumerate(greedy_ids)], failures
-        u = self._uniforms(rows, generators, failures)
-        rows = [i for i in rows if i not in failures]
-        out = [-1 if i in failures else t for i, t in enumerate(greedy_ids)]
+            return out, failures
+        draws = self._uniforms(rows, generators, failures)
+        if len(draws) < len(rows):  # a row whose generator failed is out
+            rows = list(draws)
+            out = [-1 if i in failures else t for i, t in enumerate(out)]
         if not rows:
             return out, failures
         temps = torch.tensor([temperatures[i] for i in rows], dtype=torch.float64)
         top_p = torch.tensor([top_ps[i] for i in rows], dtype=torch.float64)
-        picked = sample_rows(logits[rows].cpu(), temps, top_p, torch.tensor([u[i] for i in rows], dtype=torch.float64))
+        picked = sample_rows(logits[rows].cpu(), temps, top_p, torch.tensor(list(draws.values()), dtype=torch.float64))
         for i, token in zip(rows, picked):
             if token is None:
                 failures[i] = f"temperature {temperatures[i]!r} makes its probabilities NaN"
@@ -84,9 +89,9 @@ class Sampler:
 
     def _uniforms(self, rows: list[int], generators: Sequence[torch.Generator | None],
                   failures: dict[int, str]) -> dict[int, float]:
-        """One uniform number per sampled row, from the row's own stream when it is seeded (a
-        generator that fails is that row's failure alone)."""
-        u: dict[int, float] = {}
+        """One uniform number per sampled row (in `rows` order), from the row's own stream when it
+        is seeded; a generator that fails is that row's failure alone (and it gets no number)."""
+        u = dict.fromkeys(rows, 0.0)
         shared = [i for i in rows if generators[i] is None]
         if shared:
             u.update(zip(shared, torch.rand(len(shared), generator=self.generator, dtype=torch.float64).tolist()))
@@ -96,6 +101,7 @@ class Sampler:
                     u[i] = torch.rand(1, generator=generators[i], dtype=torch.float64).item()
                 except Exception as exc:  # noqa: BLE001 - whatever went wrong, it is this row's alone
                     failures[i] = f"its random generator failed ({type(exc).__name__}: {exc})"
+                    del u[i]
         return u
 
 
@@ -115,10 +121,10 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     sorted_p = sorted_p * keep
     cum = sorted_p.cumsum(-1)
     total = cum[:, -1]
-    valid = (torch.isfinite(total) & (total > 0)).tolist()
     target = u * total
     idx = torch.searchsorted(cum, target[:, None], right=True).clamp(max=cum.shape[1] - 1)
     # searchsorted can land on a zero-probability tail entry only through rounding: step back to kept ones
     idx = torch.minimum(idx, keep.sum(-1, keepdim=True) - 1).clamp(min=0)
-    picked = order.gather(1, idx).squeeze(1).tolist()
-    return [t if ok else None for t, ok in zip(picked, valid)]
+    valid = torch.isfinite(total) & (total > 0)
+    picked = torch.where(valid, order.gather(1, idx).squeeze(1), -1).tolist()
+    return [None if t < 0 else t for t in picked]
