@@ -28,6 +28,15 @@ def _prompts(n, seed, lo=1, hi=30):
     return [[rng.randrange(1, VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
+def _drain(engine):
+    """Step until nothing is left; the final output of every request that ended, by id (the engine
+    forgets a request once its final output is returned)."""
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update((o.request_id, o) for o in engine.step() if o.finished)
+    return final
+
+
 def _alone(model, prompts, params):
     """Each prompt run by itself in a roomy engine: the reference every batched run must match."""
     params = params if isinstance(params, list) else [params] * len(prompts)
@@ -148,9 +157,8 @@ def test_bad_requests_rejected_and_the_rest_completes(model, prompt, params, err
     assert (len(engine.scheduler.waiting), len(engine.scheduler.running), engine.allocator.num_free,
             len(engine.requests)) == before
     ids += [engine.add_request(p, sp) for p in prompts[2:]]
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert [engine.get_output(i).token_ids for i in ids] == _alone(model, prompts, sp)
+    final = _drain(engine)
+    assert [final[i].token_ids for i in ids] == _alone(model, prompts, sp)
 
 
 def test_bad_sampling_params_rejected_at_construction_and_submission(model):
@@ -216,15 +224,15 @@ def test_abort_frees_blocks_wherever_the_request_is(model):
     engine.abort_request(waiting)
     engine.abort_request("no-such-request")  # ignored
     done = [s for s in engine.scheduler.running if s.finish_reason is not None]
-    for s in done:  # finished but not yet reaped: aborting changes nothing
+    for s in done:  # finished (final output returned) but not yet reaped: aborting changes nothing
         engine.abort_request(s.request_id)
         assert s.finish_reason == "length"
     engine.check_invariants()
-    while engine.has_unfinished_requests():
-        engine.step()
-    outs = {i: engine.get_output(i) for i in ids}
-    assert outs[running.request_id].finish_reason == "abort" and outs[waiting].finish_reason == "abort"
-    assert all(o.finish_reason == "length" for i, o in outs.items() if i not in (running.request_id, waiting))
+    assert running.finish_reason == "abort" and running.request_id not in engine.requests  # forgotten at once
+    outs = _drain(engine)
+    assert running.request_id not in outs and waiting not in outs
+    assert sorted(outs) == sorted(i for i in ids if i not in (running.request_id, waiting))
+    assert all(o.finish_reason == "length" for o in outs.values())
     assert engine.allocator.num_free == engine.num_blocks
     assert engine.scheduler.cpu_allocator.num_free == engine.scheduler.cpu_allocator.num_blocks
 
@@ -265,7 +273,8 @@ def test_streaming_outputs_and_timing(model):
     assert len(last.token_times) == 5 and last.token_times == sorted(last.token_times)
     st = engine.stats[0]
     assert st.num_prefill_tokens == 3 and st.batch_size == 1 and st.blocks_used == 1
-    assert engine.allocator.num_free == engine.num_blocks  # has_unfinished_requests() returned the blocks
+    assert engine.allocator.num_free == engine.num_blocks  # the last step, leaving nothing to do, reaped at once
+    assert not engine.requests  # and the engine forgot the request once its final output was out
 
 
 def test_priority_admits_lower_value_first(model):
@@ -274,9 +283,8 @@ def test_priority_admits_lower_value_first(model):
     high = engine.add_request([3, 4], SamplingParams(max_tokens=2, ignore_eos=True, priority=0))
     first = engine.step()
     assert [o.request_id for o in first] == [high]
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert engine.get_output(high).finish_time < engine.get_output(low).first_token_time
+    final = _drain(engine)
+    assert final[high].finish_time < final[low].first_token_time
 
 
 def test_preemption_victim_is_lowest_priority(model):
@@ -284,9 +292,8 @@ def test_preemption_victim_is_lowest_priority(model):
     engine = LLMEngine(model, block_size=4, num_blocks=6, max_batch_size=2, debug=True)
     low = engine.add_request([1] * 4, SamplingParams(max_tokens=12, ignore_eos=True, priority=1))
     high = engine.add_request([2] * 4, SamplingParams(max_tokens=12, ignore_eos=True, priority=0))
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert engine.get_output(low).num_preemptions >= 1 and engine.get_output(high).num_preemptions == 0
+    final = _drain(engine)
+    assert final[low].num_preemptions >= 1 and final[high].num_preemptions == 0
 
 
 # -- sampling ---------------------------------------------------------------------------------

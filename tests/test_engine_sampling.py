@@ -26,3 +26,29 @@ def test_greedy_is_argmax_and_seeds_ignore_batch_neighbours():
     alone = Sampler()(logits[2:3], [1.0], [1.0], [make_generator(5)])[0]
     mixed = Sampler(seed=123)(logits, [0.7, 0.0, 1.0, 0.0], [1.0] * 4, [None, None, make_generator(5), None])
     assert mixed[2] == alone and mixed[1] == logits[1].argmax().item()
+
+
+def test_a_row_that_cannot_be_sampled_fails_alone():
+    import math
+
+    import pytest
+
+    from inflight.model.sampler import SamplingError
+
+    torch.manual_seed(1)
+    logits = torch.randn(7, 50)
+    logits[1] = math.nan
+    logits[2, 3] = math.inf
+    logits[3] = -math.inf
+    logits[4, :10] = -math.inf  # some tokens masked out: a perfectly good row
+    temps = [0.9, 0.0, 0.9, 0.9, 0.9, 5e-324, 0.9]  # row 5: a temperature that overflows even float64
+    gens = [make_generator(i) for i in range(7)]
+    gens[6] = object()  # a random stream that fails
+    tokens, failures = Sampler().sample(logits, temps, [1.0] * 7, gens)
+    assert sorted(failures) == [1, 2, 3, 5, 6] and all(tokens[i] == -1 for i in failures)
+    assert "not finite" in failures[1] and "NaN" in failures[5] and "generator" in failures[6]
+    for i in (0, 4):  # the others sample exactly what they sample alone
+        assert tokens[i] == Sampler()(logits[i:i + 1], [temps[i]], [1.0], [make_generator(i)])[0]
+    assert tokens[4] >= 10
+    with pytest.raises(SamplingError, match="could not be sampled"):
+        Sampler()(logits, temps, [1.0] * 7, [make_generator(i) for i in range(7)])

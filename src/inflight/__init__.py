@@ -25,6 +25,7 @@ _EXPORTS = {
     "PrefixCachingBlockAllocator": "engine.prefix_cache",
     "LLMEngine": "engine.llm_engine",
     "RequestOutput": "engine.llm_engine",
+    "EngineStalledError": "engine.liveness",
     "SamplingParams": "engine.sampling",
     "load_pretrained": "model.loading",
     "load_tiny": "model.loading",

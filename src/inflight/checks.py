@@ -15,7 +15,28 @@ import numbers
 import operator
 from typing import Any
 
-__all__ = ["integer", "number", "token_ids", "prompt", "prompt_list", "is_token_sequence"]
+__all__ = ["show", "integer", "number", "flag", "priority", "seed", "token_ids", "prompt", "prompt_list", "is_token_sequence",
+           "INT64_MAX", "PRIORITY_RANGE", "SEED_RANGE"]
+
+#: The largest size a container or tensor can have (C's ssize_t): bigger counts are refused by name.
+INT64_MAX = 2**63 - 1
+#: Priorities are 64-bit integers: any ranking scheme fits, and with aging (`arrival + priority *
+#: aging`) the product stays a float instead of overflowing (10**400 * 1.0 raises OverflowError).
+PRIORITY_RANGE = (-2**63, 2**63 - 1)
+#: Seeds are 64-bit, as `torch.Generator.manual_seed` takes them (negative ones wrap around).
+SEED_RANGE = (-2**63, 2**64 - 1)
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters for error messages: a huge int or a long list must
+    not turn an error message into megabytes (and Python refuses to print ints over 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _is_bool(value: Any) -> bool:
@@ -32,16 +53,18 @@ def integer(name: str, value: Any, *, minimum: int | None = None, maximum: int |
     if type(value) is int:  # the common case, on hot paths (the engine sizes blocks every step)
         out = value
     elif _is_bool(value):
-        raise TypeError(f"{name} must be an int, got a bool ({value!r})")
+        raise TypeError(f"{name} must be an int, got a bool ({show(value)})")
     else:
         try:
+            if getattr(value, "ndim", 0) != 0:  # a one-element tensor has __index__ too, but is not a number
+                raise TypeError
             out = operator.index(value)
         except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})") from None
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({show(value)})") from None
     if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+        raise ValueError(f"{name} must be >= {minimum}, got {show(out)}")
     if maximum is not None and out > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {out}")
+        raise ValueError(f"{name} must be <= {maximum}, got {show(out)}")
     return out
 
 
@@ -49,27 +72,60 @@ def number(name: str, value: Any, *, minimum: float | None = None, maximum: floa
            above: float | None = None, finite: bool = True) -> float:
     """`value` as a `float` (any real number type; never a bool), NaN always refused, infinities
     unless `finite=False`; `minimum`/`maximum` are inclusive bounds, `above` an exclusive one."""
-    if _is_bool(value) or not isinstance(value, numbers.Real):
+    if _is_bool(value):
+        raise TypeError(f"{name} must be a number, got a bool ({show(value)})")
+    if not isinstance(value, numbers.Real):
         try:  # 0-d tensors and numpy scalars are real numbers in all but their class
-            if _is_bool(value) or getattr(value, "ndim", 0) != 0 or not hasattr(value, "item"):
+            if getattr(value, "ndim", 0) != 0 or not hasattr(value, "item"):
                 raise TypeError
             value = value.item()
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError
         except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})") from None
-    out = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.copysign(math.inf, value)
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} ({show(value)})") from None
+    try:
+        out = float(value)
+    except OverflowError:  # an int or Fraction beyond float range: as far as a float can say, infinite
+        out = math.inf if value > 0 else -math.inf
     if math.isnan(out):
         raise ValueError(f"{name} must be a number, got NaN")
     if finite and math.isinf(out):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ValueError(f"{name} must be finite, got {show(value)}")
     if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be >= {minimum}, got {show(value)}")
     if maximum is not None and out > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+        raise ValueError(f"{name} must be <= {maximum}, got {show(value)}")
     if above is not None and not out > above:
-        raise ValueError(f"{name} must be > {above}, got {value!r}")
+        raise ValueError(f"{name} must be > {above}, got {show(value)}")
     return out
+
+
+def flag(name: str, value: Any) -> bool:
+    """`value` as a `bool`: True or False (Python or numpy/torch booleans), never a truthy stand-in
+    such as the string "False", 0 or None."""
+    if isinstance(value, bool):
+        return value
+    if _is_bool(value) and getattr(value, "ndim", 0) == 0:
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({show(value)})")
+
+
+def priority(name: str, value: Any) -> int:
+    """A request's priority: an integer in `PRIORITY_RANGE` (lower = served sooner)."""
+    lo, hi = PRIORITY_RANGE
+    try:
+        return integer(name, value, minimum=lo, maximum=hi)
+    except ValueError:
+        raise ValueError(f"{name} must be a 64-bit integer (-2**63 .. 2**63-1), got {show(value)}") from None
+
+
+def seed(name: str, value: Any) -> int:
+    """A random seed: an integer in `SEED_RANGE`."""
+    lo, hi = SEED_RANGE
+    try:
+        return integer(name, value, minimum=lo, maximum=hi)
+    except ValueError:
+        raise ValueError(f"{name} must be a 64-bit integer (-2**63 .. 2**64-1), got {show(value)}") from None
 
 
 def _ndim(value: Any) -> int | None:
@@ -117,12 +173,13 @@ def token_ids(name: str, value: Any, vocab_size: int | None = None) -> list[int]
         try:
             ids.append(integer(f"{name}[{i}]", t, minimum=0))
         except TypeError:
-            raise TypeError(f"{name} must hold ints (token ids), but item {i} is {t!r} ({type(t).__name__})") from None
+            raise TypeError(f"{name} must hold ints (token ids), but item {i} is {show(t)} "
+                            f"({'a bool' if _is_bool(t) else type(t).__name__})") from None
     if vocab_size is not None:
         bad = [(i, t) for i, t in enumerate(ids) if t >= vocab_size]
         if bad:
             i, t = bad[0]
-            raise ValueError(f"{name}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+            raise ValueError(f"{name}[{i}] = {show(t)} is outside the vocabulary [0, {vocab_size})")
     return ids
 
 

@@ -68,15 +68,16 @@ def run_workload(model: Any, workload: Workload, *, enable_prefix_caching: bool,
                        tokenizer=tokenizer)
     pending = deque(sorted(workload.requests, key=lambda r: r.arrival))
     step = 0
+    final = {}  # request id -> its final output (the engine forgets a request once it has returned that)
     start = time.perf_counter()
     while pending or engine.has_unfinished_requests():
         while pending and pending[0].arrival <= step:
             r = pending.popleft()
             engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, ignore_eos=True), request_id=r.id)
-        engine.step()
+        final.update((o.request_id, o) for o in engine.step() if o.finished)
         step += 1
     wall = time.perf_counter() - start
-    outs = [engine.get_output(r.id) for r in workload.requests]
+    outs = [final[str(r.id)] for r in workload.requests]
     return _figures(workload, outs, engine.summary(), wall) | {
         "prefix_caching": enable_prefix_caching, "num_blocks": num_blocks, "block_size": block_size}
 

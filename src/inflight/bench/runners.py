@@ -54,7 +54,8 @@ def run_engine(model: Any, workload: Workload, *, block_size: int, num_blocks: i
     """Continuous batching with `inflight.LLMEngine`: each request is added at its arrival time and
     the engine steps while anything is unfinished. Times come from the engine's RequestOutputs, the
     split of each step (schedule / prepare / forward / sample) from its `stats`."""
-    kwargs: dict[str, Any] = dict(block_size=block_size, num_blocks=num_blocks, max_batch_size=max_batch_size)
+    kwargs: dict[str, Any] = dict(block_size=block_size, num_blocks=num_blocks, max_batch_size=max_batch_size,
+                                  stats_window=None)  # every step's stats: the figures below cover the whole run
     if max_batched_tokens is not None:
         kwargs["max_batched_tokens"] = max_batched_tokens
     engine = LLMEngine(model, **kwargs)

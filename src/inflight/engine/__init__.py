@@ -3,12 +3,17 @@
 - `llm_engine`    `LLMEngine`: submission, the five-step iteration, outputs and stats
 - `scheduler`     reap, budget, admit, preempt, and the batch handed to the model
 - `budget`        what admission may hand out in a step (`compute_budget`, chapter 6's exercise)
+- `scheduler_types` the scheduler's knobs, step log and batch description
+- `liveness`      the submission rule every accepted request can finish under, and the stall check
 - `block_manager` the pool of KV blocks (`BlockAllocator`, `blocks_needed`)
 - `prefix_cache`  blocks shared by content key (`PrefixCachingBlockAllocator`)
 - `sequence`      one request's state (`num_computed_tokens`, block table, clock)
 - `sampling`      `SamplingParams`
 - `priority`      priority keys, aging, and the preemption victim
 - `model_runner`  tensors for one step: input preparation, KV sizing, swap copies
+- `engine_args`   what `LLMEngine`'s constructor accepts (device, tokenizer, KV allocation)
+- `outputs`       `RequestOutput`, `StepStats` and the run's totals
+- `invariants`    the debug checks that the books balance
 
 The engine imports the model layer and nothing above it (`sim`, `bench`, `book`, `exercises`).
 """

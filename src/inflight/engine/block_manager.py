@@ -5,6 +5,10 @@ owns a *block table* (the list of its block ids, in token order); token `p` live
 `block_table[p // block_size] * block_size + p % block_size`. Allocation and free touch only the
 blocks involved — never the whole pool — so they cost the same with 100 or 100,000 blocks.
 
+Creating a pool costs nothing per block either: never-used blocks are a counter (`FreeList`) and
+reference counts are kept only for blocks in use, so a pool of a billion blocks is as cheap to make
+as one of ten (the KV tensors, not the bookkeeping, are what a big pool costs).
+
 Reference counts let several sequences share a block (prefix caching, beam search): `free`
 decrements, and a block returns to the free list only when nobody holds it any more. Content
 keys for prefix caching live in the subclass `inflight.engine.prefix_cache.PrefixCachingBlockAllocator`,
@@ -14,11 +18,11 @@ they are reused.
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
-from inflight.checks import integer
+from inflight.checks import INT64_MAX, integer, show
 
-__all__ = ["BlockAllocator", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity"]
+__all__ = ["BlockAllocator", "FreeList", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity"]
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -49,6 +53,36 @@ def slot_mapping(block_table: Sequence[int], positions: Iterable[int], block_siz
     return slots
 
 
+class FreeList:
+    """The free block ids, first in first out: never-used blocks in id order, then freed blocks in
+    the order they were freed (so a just-freed block is reused last). Never-used blocks are a
+    counter, not a list: O(1) to create, memory only for blocks that have been used and freed."""
+
+    __slots__ = ("_next", "_end", "_freed")
+
+    def __init__(self, num_blocks: int):
+        self._next, self._end = 0, num_blocks  # blocks _next .. _end-1 have never been handed out
+        self._freed: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return self._end - self._next + len(self._freed)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from range(self._next, self._end)
+        yield from self._freed
+
+    def popleft(self) -> int:
+        """The next free block (raises IndexError when there is none)."""
+        if self._next < self._end:
+            self._next += 1
+            return self._next - 1
+        return self._freed.popleft()
+
+    def append(self, block: int) -> None:
+        """A block that has just become free (it is reused after every other free block)."""
+        self._freed.append(block)
+
+
 class BlockAllocator:
     """A fixed pool of `num_blocks` KV blocks of `block_size` tokens, with reference counts.
 
@@ -58,13 +92,12 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks = integer("num_blocks", num_blocks, minimum=1)
-        self.block_size = integer("block_size", block_size, minimum=1)
+        self.num_blocks = integer("num_blocks", num_blocks, minimum=1, maximum=INT64_MAX)
+        self.block_size = integer("block_size", block_size, minimum=1, maximum=INT64_MAX)
         # Free list: FIFO, so a just-freed block is reused last (friendlier to a later prefix cache,
-        # which wants freed blocks to stay intact as long as possible). Built once: O(pool) at
-        # construction only.
-        self._free: deque[int] = deque(range(self.num_blocks))
-        self._ref_counts: list[int] = [0] * self.num_blocks
+        # which wants freed blocks to stay intact as long as possible).
+        self._free = FreeList(self.num_blocks)
+        self._ref_counts: dict[int, int] = {}  # block -> holders, for blocks in use only
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -79,7 +112,7 @@ class BlockAllocator:
 
     def ref_count(self, block: int) -> int:
         """How many holders `block` has (0 = free)."""
-        return self._ref_counts[self._check_block(block)]
+        return self._ref_counts.get(self._check_block(block), 0)
 
     def can_allocate(self, n: int) -> bool:
         """Whether `allocate(n)` would succeed right now."""
@@ -109,21 +142,24 @@ class BlockAllocator:
         Validated before anything changes: freeing an unknown block, or more references than a
         block has (a double free), raises ValueError and leaves the allocator untouched.
         """
-        counts = Counter(self._check_block(b) for b in blocks)
+        counts = Counter(self._check_blocks(blocks))
+        refs = self._ref_counts
         for b, k in counts.items():
-            if self._ref_counts[b] < k:
-                state = "already free" if self._ref_counts[b] == 0 else f"held {self._ref_counts[b]} time(s)"
+            if refs.get(b, 0) < k:
+                state = "already free" if b not in refs else f"held {refs[b]} time(s)"
                 raise ValueError(f"double free of block {b}: freed {k} time(s) but it is {state}")
         for b, k in counts.items():
-            self._ref_counts[b] -= k
-            if self._ref_counts[b] == 0:
+            if refs[b] == k:
+                del refs[b]
                 self._release_block(b)
+            else:
+                refs[b] -= k
 
     def incref(self, blocks: Iterable[int]) -> None:
         """Add one holder to each block (each must be in use): sharing without copying."""
-        blocks = [self._check_block(b) for b in blocks]
+        blocks = self._check_blocks(blocks)
         for b in blocks:
-            if self._ref_counts[b] == 0:
+            if b not in self._ref_counts:
                 raise ValueError(f"incref of free block {b}: only blocks in use can be shared")
         for b in blocks:
             self._ref_counts[b] += 1
@@ -136,6 +172,11 @@ class BlockAllocator:
     def _release_block(self, block: int) -> None:
         """Put a block whose reference count reached zero back on the free list."""
         self._free.append(block)
+
+    def _check_blocks(self, blocks: Iterable[object]) -> list[int]:
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+            raise TypeError(f"blocks must be a list of block ids, got {type(blocks).__name__} ({show(blocks)})")
+        return [self._check_block(b) for b in blocks]
 
     def _check_block(self, block: object) -> int:
         b = integer("block", block)

@@ -20,7 +20,7 @@ Chapter 6's exercise asks for `compute_budget`; the engine calls this very funct
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inflight.engine.block_manager import blocks_needed
 
@@ -34,6 +34,9 @@ class Budget:
     blocks: int    # free blocks - promised to running requests - watermark (negative: they need more than is free)
     tokens: int    # tokens left in this step's forward pass
     slots: int     # requests that may still join the batch
+    # the blocks kept back in `blocks`: a request that would run alone may use them (the scheduler
+    # fills this in; `compute_budget` leaves it 0, and two budgets compare by the three numbers above)
+    watermark: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Do the books balance? The checks `LLMEngine(debug=True)` runs after every step (and the tests
 run everywhere): every block has as many holders as its reference count says, free + held = total,
 each running request holds exactly the blocks its computed tokens need, no request sits in two
-queues, and every submitted request is either live or ended exactly once.
+queues, and the engine holds exactly the requests that have not ended.
 """
 from __future__ import annotations
 
@@ -70,10 +70,13 @@ def check_scheduler(sched: "Scheduler") -> None:
 
 
 def check_requests(sched: "Scheduler", requests: Iterable["Sequence"]) -> None:
-    """Every request the engine still tracks is either live in a queue or ended, never both."""
+    """The engine holds exactly the unfinished requests: each one it holds is live in a queue, and
+    each live one is held (a request that ended has been handed out and forgotten)."""
     live = {s.request_id for q in (sched.waiting, sched.running, sched.swapped) for s in q if s.finish_reason is None}
     tracked = {s.request_id: s for s in requests}
-    ended = {rid for rid, s in tracked.items() if s.finish_reason is not None}
-    assert not (live & ended), f"requests both live and ended: {sorted(live & ended)[:5]}"
-    lost = set(tracked) - live - ended
+    ended = sorted(rid for rid, s in tracked.items() if s.finish_reason is not None)
+    assert not ended, f"requests that ended are still held: {ended[:5]}"
+    lost = set(tracked) - live
     assert not lost, f"requests lost: {sorted(lost)[:5]}"
+    untracked = live - set(tracked)
+    assert not untracked, f"requests running that the engine does not hold: {sorted(untracked)[:5]}"

@@ -11,26 +11,29 @@ model's forward pass should be where the time goes. vLLM's counterpart is `vllm/
 """
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import time
+from collections import deque
 from typing import Any, Sequence as Seq
 
 import torch
 
 from inflight import checks
 from inflight.engine.block_manager import BlockAllocator
+from inflight.engine.engine_args import (allocate_kv_cache, check_stats_window, check_tokenizer, engine_device,
+                                         eos_token_ids, model_attr)
 from inflight.engine.invariants import check_requests
+from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.model_runner import ModelRunner, KVSwapper, StepTimes, default_num_blocks, default_swap_blocks
-from inflight.engine.outputs import RequestOutput, StepStats
+from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
-from inflight.engine.sequence import Sequence, SequenceStatus
-from inflight.model.kv_cache import KVCache
+from inflight.engine.sequence import Sequence, fail
 from inflight.model.sampler import Sampler, make_generator
 
-__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats"]
+__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats", "EngineStalledError"]
 
 
 class LLMEngine:
@@ -50,24 +53,29 @@ class LLMEngine:
     Priorities (`SamplingParams.priority` or `add_request(..., priority=)`, lower first, ties by
     arrival) order admission and preemption; `priority_aging` (seconds of waiting worth one
     priority level, None = strict priorities) bounds how long a low-priority request can starve
-    (`inflight.engine.priority`)."""
+    (`inflight.engine.priority`).
+
+    A long-running engine keeps flat memory: it forgets a request once its final output has been
+    returned (by `step()` or `generate()`, as vLLM does), `stats` holds the last `stats_window`
+    steps (None: all of them) and `summary()` reads running totals over the engine's whole life."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
                  enable_chunked_prefill: bool = True, watermark: float = 0.0, tokenizer: Any = None,
                  debug: bool = False, device: str | torch.device | None = None, swap_blocks: int | None = None,
                  max_model_len: int | None = None, seed: int = 0, enable_prefix_caching: bool = False,
-                 priority_aging: float | None = None):
+                 priority_aging: float | None = None, stats_window: int | None = 10_000):
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
-        self.model, self.config, self.tokenizer, self.debug = model, model.config, tokenizer, debug
+        self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
+        self.debug = checks.flag("debug", debug)
         self.block_size = checks.integer("block_size", block_size, minimum=1)
         watermark = checks.number("watermark", watermark, minimum=0.0)
         if watermark >= 1:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark}")
         self.priority_aging = check_aging(priority_aging)
-        self.device = torch.device(device) if device is not None else _model_attr(model, "device", torch.device("cpu"))
-        self.dtype = _model_attr(model, "dtype", torch.float32)
+        self.device = engine_device(model, device)
+        self.dtype = model_attr(model, "dtype", torch.float32)
         self.max_model_len = checks.integer("max_model_len", max_model_len or self.config.max_position_embeddings,
                                             minimum=1)
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
@@ -77,27 +85,30 @@ class LLMEngine:
             num_blocks = default_num_blocks(self.config, self.dtype, self.device, self.block_size, max_batch_size,
                                             self.max_model_len)
         num_blocks = checks.integer("num_blocks", num_blocks, minimum=1)
-        self.kv_cache = KVCache.for_model(self.config, num_blocks, self.block_size, dtype=self.dtype, device=self.device)
-        self.enable_prefix_caching = bool(enable_prefix_caching)
-        pool = PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator
-        self.allocator = pool(num_blocks, self.block_size)
-        self.eos_token_ids = _eos_token_ids(self.config, tokenizer)
+        if swap_blocks is not None:
+            swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1)
+        sampler = Sampler(checks.seed("seed", seed))
+        self.enable_prefix_caching = checks.flag("enable_prefix_caching", enable_prefix_caching)
+        self.eos_token_ids = eos_token_ids(self.config, tokenizer)
         sched_cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
                                     enable_chunked_prefill=enable_chunked_prefill, preemption=preemption,
                                     watermark_blocks=int(watermark * num_blocks), max_model_len=self.max_model_len,
                                     eos_token_ids=self.eos_token_ids, enable_prefix_caching=self.enable_prefix_caching)
+        self.stats: deque[StepStats] = deque(maxlen=check_stats_window(stats_window))  # the last steps, one record each
+        self.kv_cache = allocate_kv_cache(self.config, num_blocks, self.block_size, self.dtype, self.device)
+        pool = PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator
+        self.allocator = pool(num_blocks, self.block_size)
         cpu_pool, self.swapper = None, None
         if preemption == "swap":
-            n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else \
-                checks.integer("swap_blocks", swap_blocks, minimum=1)
+            n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
             cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), KVSwapper(self.kv_cache, n_cpu)
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper)
-        self.runner = ModelRunner(model, self.kv_cache, Sampler(checks.integer("seed", seed)))
-        self.requests: dict[str, Sequence] = {}       # every request submitted and not yet reported done
-        self.finished_ids: set[str] = set()           # debug: every request ends exactly once
-        self.stats: list[StepStats] = []
-        self._counter = itertools.count()
-        self._seq_nos = itertools.count()
+        self.runner = ModelRunner(model, self.kv_cache, sampler)
+        self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
+        self.totals = RunTotals()                     # over the engine's whole life
+        self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
+        self._next_id = 0       # the next automatic request id
+        self._next_seq_no = 0   # submission order
         self._step_no = 0
 
     @property
@@ -106,7 +117,7 @@ class LLMEngine:
 
     # -- submission ------------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None,
+                    request_id: str | int | None = None, arrival_time: float | None = None,
                     priority: int | None = None) -> str:
         """Validate and queue one request; returns its id. A bad request raises (ValueError/TypeError)
         and leaves the engine exactly as it was. `arrival_time` is on `time.perf_counter()`'s clock;
@@ -121,114 +132,144 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()  # fields may have been changed after construction
+        # a validated copy: the request keeps what it was sent with, whatever the caller changes later
+        params = dataclasses.replace(params)
         ids = checks.prompt(prompt, self.config.vocab_size, self.tokenizer)
         if len(ids) > self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens, longer than the model's context of {self.max_model_len}")
         checks.token_ids("stop_token_ids", params.stop_token_ids, self.config.vocab_size)
         self.scheduler.check_can_run(len(ids), params.max_tokens)
-        request_id = self._new_request_id(request_id)
-        priority = params.priority if priority is None else checks.integer("priority", priority)
+        priority = params.priority if priority is None else checks.priority("priority", priority)
         now = time.perf_counter() if arrival_time is None else checks.number("arrival_time", arrival_time)
-        seq = Sequence(request_id, ids, params, now, seq_no=next(self._seq_nos), generator=make_generator(params.seed))
+        request_id = self._new_request_id(request_id)
+        seq = Sequence(request_id, ids, params, now, seq_no=self._next_seq_no, generator=make_generator(params.seed))
+        self._next_seq_no += 1
         seq.priority = priority
         seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
         return seq
 
     def _new_request_id(self, request_id: Any) -> str:
         if request_id is None:
-            request_id = str(next(self._counter))
-            while request_id in self.requests:
-                request_id = str(next(self._counter))
-            return request_id
-        if str(request_id) in self.requests:
+            while str(self._next_id) in self.requests:
+                self._next_id += 1
+            self._next_id += 1
+            return str(self._next_id - 1)
+        request_id = _id_key(request_id)
+        if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        return str(request_id)
+        return request_id
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request now and give its KV blocks back (unknown or finished ids are ignored)."""
-        seq = self.requests.get(str(request_id))
-        if seq is None or seq.status is SequenceStatus.FINISHED or seq.finish_reason is not None:
-            return  # unknown, or already done (a finished request's blocks go back at the next reap)
+    def abort_request(self, request_id: str | int) -> None:
+        """Stop a request now and give its KV blocks back. An id the engine does not hold (unknown,
+        or already finished) is ignored; an id that is not a str or an int is a TypeError."""
+        seq = self.requests.get(_id_key(request_id))
+        if seq is None:
+            return
         self.scheduler.abort(seq)
         seq.finish_reason = "abort"
         seq.finish_time = time.perf_counter()
-        self._done(seq)
+        self._forget(seq)
 
     def has_unfinished_requests(self) -> bool:
-        """Whether any request still needs a step. When none does, the blocks of requests that
-        finished in the last step are returned now (the next step's reap would have done it)."""
-        if self.scheduler.has_unfinished():
-            return True
-        self._reap_all()
-        return False
+        """Whether a request still needs a step (or has a final output `step()` has yet to return).
+        A pure query: it changes nothing."""
+        return bool(self._undelivered) or self.scheduler.has_unfinished()
 
     # -- the iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration; returns the requests that got a new token (or finished) in it."""
-        touched = self._step()
-        return [self._output(s) for s in touched]
+        """One iteration; returns the requests that got a new token (or ended) in it — and first the
+        final outputs of requests that ended while `generate()` ran. Once a request's final output
+        is returned, the engine forgets it."""
+        outs = self._step()
+        if self._undelivered:
+            outs, self._undelivered = self._undelivered + outs, []
+        return outs
 
-    def _step(self) -> list[Sequence]:
+    def _step(self) -> list[RequestOutput]:
         sched = self.scheduler
         t0 = time.perf_counter()
         events = sched.begin_step()
-        for seq in sched.reap():          # 1. reap
-            self._done(seq)
+        sched.reap()                      # 1. reap
         budget = sched.budget()           # 2. budget
         sched.admit(budget)               # 3. admit
         sched.preempt()                   # 4. preempt
         batch = sched.batch()             # 5. decode: the batch ...
         t1 = time.perf_counter()
-        tokens, times = self.runner.run(batch) if batch.seqs else ([], StepTimes())
-        touched = sched.update(batch, tokens, time.perf_counter())  # ... then the bookkeeping
+        try:
+            tokens, failures, times = self.runner.run(batch) if batch.seqs else ([], {}, StepTimes())
+        except BaseException:             # (a failed forward pass, or Ctrl-C): nothing is half-done
+            sched.release_unused(batch)
+            raise
+        now = time.perf_counter()
+        touched = sched.update(batch, tokens, now, failures)  # ... then the bookkeeping
+        outs = [self._output(s, now) for s in touched]
+        for s in touched:
+            if s.finish_reason is not None:
+                self._forget(s)
+        if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
+            sched.reap()
         self._record(batch, events, touched, t0, t1, times)
+        check_progress(sched, batch)
         if self.debug:
             self.check_invariants()
-        return touched
+        return outs
 
     def _record(self, batch: SchedulerOutput, events: StepEvents, touched: list[Sequence], t0: float, t1: float,
                 times: StepTimes) -> None:
         sched = self.scheduler
         self._step_no += 1
         bookkeeping = time.perf_counter() - t1 - times.prepare - times.forward
-        self.stats.append(StepStats(
+        st = StepStats(
             step=self._step_no, batch_size=len(batch.seqs), num_prefill_tokens=batch.num_prefill_tokens,
             num_decode_tokens=batch.num_decode_tokens, num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_swapped=len(sched.swapped), blocks_used=self.allocator.num_used, num_preempted=len(events.preempted),
             blocks_swapped=events.blocks_swapped_out + events.blocks_swapped_in,
             num_finished=sum(s.finish_reason is not None for s in touched),
             schedule_time=t1 - t0, prepare_time=times.prepare, forward_time=times.forward,
-            sample_time=bookkeeping, start_time=t0))
+            sample_time=bookkeeping, start_time=t0)
+        self.stats.append(st)
+        self.totals.add(st)
 
-    def _done(self, seq: Sequence) -> None:
+    def _forget(self, seq: Sequence) -> None:
+        """The request has ended and its final output is out: the engine lets go of it."""
+        held = self.requests.pop(seq.request_id, None)
         if self.debug:
-            assert seq.request_id not in self.finished_ids, f"request {seq.request_id} ended twice"
-        self.finished_ids.add(seq.request_id)
+            assert held is seq, f"request {seq.request_id} ended twice"
 
-    def _output(self, s: Sequence) -> RequestOutput:
-        out = s.output_token_ids
-        text = self.tokenizer.decode(out) if self.tokenizer is not None else None
-        return RequestOutput(s.request_id, s.prompt_token_ids, out, text, s.finish_reason, s.finish_reason is not None,
-                             s.arrival_time, s.first_token_time, s.finish_time, list(s.token_times), s.num_preemptions,
-                             s.num_cached_tokens)
+    def _output(self, s: Sequence, now: float) -> RequestOutput:
+        """`s`'s output; if its text cannot be decoded, it ends with an error (the others go on)."""
+        text, error = self._detokenize(s)
+        if error is not None and s.finish_reason != "error":
+            fail(s, error, now)
+        return request_output(s, text)
 
-    def get_output(self, request_id: str) -> RequestOutput:
-        """The current state of a request."""
-        return self._output(self.requests[str(request_id)])
+    def _detokenize(self, s: Sequence) -> tuple[str | None, str | None]:
+        if self.tokenizer is None:
+            return None, None
+        try:
+            return self.tokenizer.decode(s.output_token_ids), None
+        except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
+            return None, f"detokenization failed ({type(exc).__name__}: {exc})"
+
+    def get_output(self, request_id: str | int) -> RequestOutput:
+        """The current state of a request the engine still holds (an unfinished one)."""
+        key = _id_key(request_id)
+        seq = self.requests.get(key)
+        if seq is None:
+            raise KeyError(f"no unfinished request {key!r}: unknown, or it ended and its final output was already "
+                           "returned (by step() or generate()); the engine forgets a request then")
+        return request_output(seq, self._detokenize(seq)[0])
 
     # -- batch API -------------------------------------------------------------------------------
     def generate(self, prompts: Seq[str] | Seq[Seq[int]] | str, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in prompt order. All prompts are validated before
-        any is queued, so a bad one raises (naming its index) and leaves the engine untouched."""
+        any is queued, so a bad one raises (naming its index) and leaves the engine untouched.
+        Requests added earlier with `add_request` run alongside; those that end meanwhile have their
+        final outputs returned by the next `step()`."""
         prompts = checks.prompt_list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts: give one, or one per prompt")
+        params = _params_per_prompt(sampling_params, len(prompts))
+        use_tqdm = checks.flag("use_tqdm", use_tqdm)
         seqs = self._make_all(prompts, params)
         for s in seqs:
             self.scheduler.add(s)
@@ -236,54 +277,52 @@ class LLMEngine:
         if use_tqdm:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(seqs), desc="generate", unit="req")
-        wanted = set(id(s) for s in seqs)
+        mine = {s.request_id: i for i, s in enumerate(seqs)}
+        final: list[RequestOutput | None] = [None] * len(seqs)
         remaining = len(seqs)
-        while remaining and self.has_unfinished_requests():
-            for s in self._step():
-                if s.finish_reason is not None and id(s) in wanted:
-                    remaining -= 1
-                    if bar is not None:
-                        bar.update(1)
-        self._reap_all()
-        if bar is not None:
-            bar.close()
-        return [self._output(s) for s in seqs]
+        try:
+            while remaining and self.scheduler.has_unfinished():
+                for out in self._step():
+                    i = mine.get(out.request_id)
+                    if i is None:
+                        if out.finished:  # someone else's request: its final output waits for the next step()
+                            self._undelivered.append(out)
+                    elif out.finished:
+                        final[i], remaining = out, remaining - 1
+                        if bar is not None:
+                            bar.update(1)
+        finally:  # (interrupted, the requests stay queued: step() carries on with them)
+            if bar is not None:
+                bar.close()
+        assert not remaining, "generate(): requests left unfinished although the scheduler has no work"
+        return final  # type: ignore[return-value]
 
     def _make_all(self, prompts: list, params: list) -> list[Sequence]:
         """Validate every prompt (reserving ids as it goes); on the first bad one undo and raise."""
         seqs: list[Sequence] = []
+        counters = self._next_id, self._next_seq_no
         for i, (p, sp) in enumerate(zip(prompts, params)):
             try:
                 seqs.append(self._make_sequence(p, sp, None, None))
-            except (ValueError, TypeError) as exc:
+            except BaseException as exc:
                 for s in seqs:  # leave the engine exactly as it was
                     del self.requests[s.request_id]
-                raise type(exc)(f"prompt {i}: {exc}") from None
+                self._next_id, self._next_seq_no = counters
+                if isinstance(exc, (ValueError, TypeError)):
+                    raise type(exc)(f"prompt {i}: {exc}") from None
+                raise
             self.requests[seqs[-1].request_id] = seqs[-1]  # reserve the id (so the next one differs)
         return seqs
 
-    def _reap_all(self) -> None:
-        """Return the blocks of requests that finished in the last step (the next step would do it)."""
-        for seq in self.scheduler.reap():
-            self._done(seq)
-
     # -- checks and numbers ----------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Scheduler invariants plus: every submitted request is either queued or ended exactly once."""
+        """Scheduler invariants plus: the engine holds exactly the unfinished requests."""
         self.scheduler.check_invariants()
         check_requests(self.scheduler, self.requests.values())
-        ended = {rid for rid, s in self.requests.items() if s.finish_reason is not None}
-        assert self.finished_ids <= ended, "a request was reaped without finishing"
 
     def summary(self) -> dict:
-        """Totals over every step so far (seconds and counts)."""
-        st = self.stats
-        tot = lambda f: sum(getattr(s, f) for s in st)  # noqa: E731
-        return {"steps": len(st), "prefill_tokens": tot("num_prefill_tokens"), "decode_tokens": tot("num_decode_tokens"),
-                "preemptions": tot("num_preempted"), "blocks_swapped": tot("blocks_swapped"),
-                "schedule_time": tot("schedule_time"), "prepare_time": tot("prepare_time"),
-                "forward_time": tot("forward_time"), "sample_time": tot("sample_time"),
-                "swap_bytes": self.swapper.bytes_moved if self.swapper is not None else 0,
+        """Totals over every step of the engine's life so far (seconds and counts)."""
+        return {**self.totals.as_dict(), "swap_bytes": self.swapper.bytes_moved if self.swapper is not None else 0,
                 **self.prefix_cache_stats()}
 
     def prefix_cache_stats(self) -> dict:
@@ -302,21 +341,22 @@ class LLMEngine:
             self.allocator.reset_cache()
 
 
-def _eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
-    """End-of-sequence ids from the model's config and the tokenizer (either may name one)."""
-    eos = set(getattr(config, "eos_token_ids", None) or [])
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(int(tokenizer.eos_token_id))
-    return frozenset(eos)
+def _id_key(request_id: Any) -> str:
+    """Request ids are strings; an int is taken as its decimal string (so 5 and "5" are one id)."""
+    if isinstance(request_id, str):
+        return request_id
+    if isinstance(request_id, int) and not isinstance(request_id, bool):
+        return str(request_id)
+    raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} ({checks.show(request_id)})")
 
 
-def _model_attr(model: Any, attr: str, default: Any) -> Any:
-    """The model's `device` or `dtype`: its own attribute when it has one (LlamaModel does), else
-    its first parameter's, else `default` (a model without parameters, e.g. a stand-in in tests)."""
-    value = getattr(model, attr, None)
-    if isinstance(value, (torch.device, torch.dtype)):
-        return value
-    try:
-        return getattr(next(model.parameters()), attr)
-    except (AttributeError, StopIteration):
-        return default
+def _params_per_prompt(sampling_params: Any, n: int) -> list:
+    """One SamplingParams (or None) per prompt: the one given, repeated, or a list of n."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise TypeError("sampling_params must be a SamplingParams, None, or a list of them (one per prompt); "
+                        f"got {type(sampling_params).__name__}")
+    if len(sampling_params) != n:
+        raise ValueError(f"{len(sampling_params)} sampling_params for {n} prompts: give one, or one per prompt")
+    return list(sampling_params)

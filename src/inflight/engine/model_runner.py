@@ -80,9 +80,10 @@ class ModelRunner:
         return StepInputs(ids, meta.positions, meta, idx, sampling)
 
     @torch.inference_mode()
-    def run(self, batch: SchedulerOutput) -> tuple[list[int], StepTimes]:
-        """One forward pass over `batch`; one sampled token per request whose prompt is complete,
-        in batch order, and the time each part took."""
+    def run(self, batch: SchedulerOutput) -> tuple[list[int], dict[int, str], StepTimes]:
+        """One forward pass over `batch`: one sampled token per request whose prompt is complete, in
+        batch order; `{k: reason}` for the k-th of them if it could not be sampled (its token is -1:
+        only that request fails); and the time each part took."""
         t0 = time.perf_counter()
         inputs = self.prepare(batch)
         t1 = time.perf_counter()
@@ -92,9 +93,10 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)  # honest forward time
         t2 = time.perf_counter()
         seqs = inputs.sampling_seqs
-        tokens = self.sampler(logits, [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
-                              [s.generator for s in seqs]) if seqs else []
-        return tokens, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2)
+        tokens, failures = self.sampler.sample(logits, [s.params.temperature for s in seqs],
+                                               [s.params.top_p for s in seqs],
+                                               [s.generator for s in seqs]) if seqs else ([], {})
+        return tokens, failures, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2)
 
 
 class KVSwapper:

@@ -9,9 +9,13 @@ The timing vocabulary, used the same way everywhere in the book:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-__all__ = ["RequestOutput", "StepStats"]
+if TYPE_CHECKING:  # pragma: no cover
+    from inflight.engine.sequence import Sequence
+
+__all__ = ["RequestOutput", "StepStats", "RunTotals", "request_output"]
 
 
 @dataclass
@@ -22,7 +26,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]  # generated tokens only
     text: str | None
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
     finished: bool
     arrival_time: float
     first_token_time: float | None
@@ -30,6 +34,7 @@ class RequestOutput:
     token_times: list[float] = field(default_factory=list, repr=False)
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the last admission
+    error: str | None = None  # why it ended, when finish_reason is "error" (the other requests went on)
 
     @property
     def ttft(self) -> float | None:
@@ -49,7 +54,14 @@ class RequestOutput:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
 
-@dataclass
+def request_output(s: "Sequence", text: str | None) -> RequestOutput:
+    """A snapshot of request `s` (with its generated text, when there is a tokenizer)."""
+    return RequestOutput(s.request_id, s.prompt_token_ids, s.output_token_ids, text, s.finish_reason,
+                         s.finish_reason is not None, s.arrival_time, s.first_token_time, s.finish_time,
+                         list(s.token_times), s.num_preemptions, s.num_cached_tokens, s.error)
+
+
+@dataclass(slots=True)
 class StepStats:
     """One iteration, measured: who ran, what it cost, where the time went (seconds)."""
 
@@ -73,3 +85,35 @@ class StepStats:
     @property
     def step_time(self) -> float:
         return self.schedule_time + self.prepare_time + self.forward_time + self.sample_time
+
+
+@dataclass
+class RunTotals:
+    """Running totals over every step of an engine's life (its `stats` keep only a recent window)."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+    blocks_swapped: int = 0
+    finished_requests: int = 0
+    schedule_time: float = 0.0
+    prepare_time: float = 0.0
+    forward_time: float = 0.0
+    sample_time: float = 0.0
+
+    def add(self, st: StepStats) -> None:
+        """Count one step."""
+        self.steps += 1
+        self.prefill_tokens += st.num_prefill_tokens
+        self.decode_tokens += st.num_decode_tokens
+        self.preemptions += st.num_preempted
+        self.blocks_swapped += st.blocks_swapped
+        self.finished_requests += st.num_finished
+        self.schedule_time += st.schedule_time
+        self.prepare_time += st.prepare_time
+        self.forward_time += st.forward_time
+        self.sample_time += st.sample_time
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from inflight.checks import integer
+from inflight.checks import integer, show, token_ids as check_token_ids
 from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +130,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         it covers — at most `len(token_ids) - 1`, so the last token is always recomputed.
 
         Pure: nothing changes (admission may still fail); `acquire` then takes the blocks."""
+        token_ids = check_token_ids("token_ids", token_ids)
         bs = self.block_size
         usable = (len(token_ids) - 1) // bs if token_ids else 0
         blocks, parent = [], ROOT_KEY
@@ -149,14 +150,14 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def acquire(self, blocks: Sequence[int]) -> None:
         """Add a holder to each cached block of a hit (reviving evictable ones). Call before
         `allocate` for the rest of the request, or the allocation could evict the hit itself."""
-        checked = [self._check_block(b) for b in blocks]
+        checked = self._check_blocks(blocks)
         for b in checked:
             if b not in self._key_of:
                 raise ValueError(f"acquire of block {b}, which is not cached")
         for b in checked:
-            if self._ref_counts[b] == 0:
+            if b not in self._ref_counts:
                 del self._evictable[b]
-            self._ref_counts[b] += 1
+            self._ref_counts[b] = self._ref_counts.get(b, 0) + 1
 
     def record_lookup(self, num_tokens: int, num_cached_tokens: int) -> None:
         """Count one admission's lookup: `num_tokens` in the request, `num_cached_tokens` reused."""
@@ -170,7 +171,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         the key is already cached in another block — a duplicate computed concurrently — or the
         block already has a key."""
         b = self._check_block(block)
-        if self._ref_counts[b] == 0:
+        if not isinstance(key, bytes):
+            raise TypeError(f"a cache key must be bytes (from block_key), got {type(key).__name__} ({show(key)})")
+        if b not in self._ref_counts:
             raise ValueError(f"cache_block of free block {b}: only a block a request holds can be cached")
         if key in self._block_of or b in self._key_of:
             return False
@@ -199,7 +202,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def free(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block. Released in reverse order, so that a request's deepest
         blocks (useless without their parents) are the first to be evicted."""
-        super().free(list(blocks)[::-1])
+        super().free(self._check_blocks(blocks)[::-1])
 
     def reset_cache(self) -> None:
         """Forget every evictable block's key (they become plain free blocks); in-use keys stay."""
@@ -236,12 +239,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         assert len(free) == len(self._free), "a block is on the free list twice"
         assert not free & evictable, f"blocks both free and evictable: {sorted(free & evictable)[:5]}"
         for b in free:
-            assert self._ref_counts[b] == 0, f"free block {b} has reference count {self._ref_counts[b]}"
+            assert b not in self._ref_counts, f"free block {b} has reference count {self._ref_counts[b]}"
             assert b not in self._key_of, f"free block {b} still has a key"
         for b in evictable:
-            assert self._ref_counts[b] == 0, f"evictable block {b} has reference count {self._ref_counts[b]}"
+            assert b not in self._ref_counts, f"evictable block {b} has reference count {self._ref_counts[b]}"
             assert b in self._key_of, f"evictable block {b} has no key"
-        in_use = sum(1 for c in self._ref_counts if c > 0)
+        assert all(c > 0 for c in self._ref_counts.values()), "a block in use with a reference count of 0"
+        in_use = len(self._ref_counts)
         assert len(free) + len(evictable) + in_use == self.num_blocks, "free + evictable + in use != total"
         assert len(self._key_of) == len(self._block_of), "key maps disagree"
         for b, k in self._key_of.items():

@@ -19,22 +19,26 @@ the memory-aware FIFO scheduler of chapter 4 is the special case.
 """
 from __future__ import annotations
 
-import math
 from numbers import Real
 from typing import Hashable, Sequence
+
+from inflight.checks import number, show
 
 __all__ = ["effective_priority", "priority_key", "choose_victim", "check_aging"]
 
 
 def check_aging(aging: Real | None) -> float | None:
-    """Validate an aging knob: None (strict priorities) or a positive number of time units per level."""
+    """Validate an aging knob: None (strict priorities) or a positive finite number of time units per level."""
     if aging is None:
         return None
-    if isinstance(aging, bool) or not isinstance(aging, Real):
-        raise TypeError(f"aging must be a positive number (time per priority level) or None, got {type(aging).__name__}")
-    if not (aging > 0 and math.isfinite(aging)):
-        raise ValueError(f"aging must be a positive finite number (time per priority level) or None, got {aging}")
-    return float(aging)
+    try:
+        return number("aging", aging, above=0.0)
+    except TypeError:
+        raise TypeError(f"aging must be a positive number (time per priority level) or None, "
+                        f"got {type(aging).__name__}") from None
+    except ValueError:
+        raise ValueError(f"aging must be a positive finite number (time per priority level) or None, "
+                         f"got {show(aging)}") from None
 
 
 def effective_priority(priority: int, arrival: float, aging: float | None = None) -> float:

@@ -8,18 +8,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from inflight.checks import integer, number, token_ids
+from inflight.checks import flag, integer, number, priority, seed, token_ids
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "SAMPLING_EPS"]
+
+#: Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`): dividing logits by a smaller
+#: temperature overflows in float32 and turns the probabilities into NaN.
+SAMPLING_EPS = 1e-5
 
 
 @dataclass
 class SamplingParams:
     """How to pick each next token, and when to stop (vLLM's names).
 
-    `temperature=0` is greedy; `top_p < 1` keeps the smallest set of tokens whose probability
-    reaches `top_p`; `seed` makes a sampled request reproducible; `priority` orders admission and
-    preemption (lower value first, ties by arrival)."""
+    `temperature=0` is greedy, and so is any temperature below `SAMPLING_EPS` (it is stored as 0);
+    `top_p < 1` keeps the smallest set of tokens whose probability reaches `top_p`; `seed` (a
+    64-bit integer) makes a sampled request reproducible; `priority` (a 64-bit integer) orders
+    admission and preemption (lower value first, ties by arrival)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -33,19 +38,21 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field (the engine calls this again at submission, since fields may have been
-        changed after construction) and store each in its plain form; clear errors, no guessing."""
+        """Check every field and store each in its plain form; clear errors, no guessing. (The
+        engine validates a copy at submission, so a request keeps the parameters it was sent with
+        even if the caller changes this object later.)"""
         self.max_tokens = integer("max_tokens", self.max_tokens, minimum=1)
-        self.temperature = number("temperature", self.temperature, minimum=0.0)  # 0 = greedy
+        temperature = number("temperature", self.temperature, minimum=0.0)
+        self.temperature = 0.0 if temperature < SAMPLING_EPS else temperature
         self.top_p = number("top_p", self.top_p, above=0.0, maximum=1.0)
         stops = self.stop_token_ids
-        if isinstance(stops, (set, frozenset)):  # order doesn't matter for stop tokens
-            stops = sorted(stops)
-        self.stop_token_ids = tuple(token_ids("stop_token_ids", stops))
+        unordered = isinstance(stops, (set, frozenset))  # order doesn't matter for stop tokens
+        stops = token_ids("stop_token_ids", list(stops) if unordered else stops)
+        self.stop_token_ids = tuple(sorted(stops) if unordered else stops)
         if self.seed is not None:
-            self.seed = integer("seed", self.seed)
-        self.priority = integer("priority", self.priority)
-        self.ignore_eos = bool(self.ignore_eos)
+            self.seed = seed("seed", self.seed)
+        self.priority = priority("priority", self.priority)
+        self.ignore_eos = flag("ignore_eos", self.ignore_eos)
 
     @property
     def greedy(self) -> bool:

@@ -8,7 +8,11 @@ Each step is its own short method so the book can show it and an exercise can re
 3. `admit`   — swapped-out requests come back first, then waiting ones in (priority, arrival)
                order, while slots, tokens and blocks allow; prompts may be prefilled in chunks.
                With prefix caching, a request starts from the longest cached prefix of its
-               tokens (shared blocks) and only the rest is allocated and computed.
+               tokens (shared blocks) and only the rest is allocated and computed. The watermark
+               keeps blocks free for running requests to grow into; when nothing runs it keeps
+               them for nobody, so the head of the queue may use the whole pool. That is what
+               makes the submission rule (`inflight.engine.liveness`) enough: every request that
+               fits the pool can start, and so every accepted request makes progress.
 4. `preempt` — give every running request the blocks its next tokens need; when the pool is dry,
                evict the lowest-priority (latest-arrived) running request by recompute or swap.
 5. decode    — `batch()` describes the ragged batch (prefill chunks + decode tokens) for the model,
@@ -21,92 +25,21 @@ vLLM's counterpart is `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping
 
-from inflight.checks import integer
 from inflight.engine.block_manager import BlockAllocator, blocks_needed
 from inflight.engine.budget import Budget, BudgetInputs, PlannedRequest, compute_budget
 from inflight.engine.invariants import check_scheduler
+from inflight.engine.liveness import check_can_run
 from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
-from inflight.engine.sequence import Sequence, SequenceStatus, check_stop
+from inflight.engine.scheduler_types import NoCopy, SchedulerConfig, SchedulerOutput, StepEvents, Swapper
+from inflight.engine.sequence import Sequence, SequenceStatus, check_stop, fail
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
 
 #: The order of one iteration (the chapter's exercise asks for exactly this).
 STEP_ORDER = ("reap", "budget", "admit", "preempt", "decode")
-
-
-@dataclass
-class SchedulerConfig:
-    """The knobs, with vLLM's meaning: `max_batch_size` ~ max_num_seqs, `max_batched_tokens` ~
-    max_num_batched_tokens, `watermark_blocks` kept free at admission so growth doesn't preempt at once."""
-
-    max_batch_size: int = 64
-    max_batched_tokens: int = 512
-    enable_chunked_prefill: bool = True
-    preemption: str = "recompute"  # or "swap"
-    watermark_blocks: int = 0
-    max_model_len: int = 2048
-    eos_token_ids: frozenset[int] = frozenset()
-    enable_prefix_caching: bool = False  # needs a PrefixCachingBlockAllocator
-
-    def __post_init__(self) -> None:
-        if self.preemption not in ("recompute", "swap"):
-            raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
-        for name in ("max_batch_size", "max_batched_tokens", "max_model_len"):
-            setattr(self, name, integer(name, getattr(self, name), minimum=1))
-        if self.max_batched_tokens < self.max_batch_size:
-            raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_batch_size "
-                             f"({self.max_batch_size}): every running request needs one token per step")
-        self.watermark_blocks = integer("watermark_blocks", self.watermark_blocks, minimum=0)
-
-
-@dataclass
-class StepEvents:
-    """The log of one iteration: every step method appends what it did (the engine's stats and the
-    exercise's measurements read it; nothing in the scheduler reads it back)."""
-
-    reaped: list[Sequence] = field(default_factory=list)
-    admitted: list[Sequence] = field(default_factory=list)
-    swapped_in: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    blocks_swapped_out: int = 0
-    blocks_swapped_in: int = 0
-    overcommitted_blocks: int = 0   # admission trusted a budget the pool could not honour
-    tokens_without_kv: int = 0      # scheduled tokens with no KV slot at decode time (dropped)
-    wasted_tokens: int = 0          # tokens computed for requests that had already finished
-    free_blocks_at_decode: int = 0
-    budget: Budget | None = None
-
-
-@dataclass
-class SchedulerOutput:
-    """The batch handed to decode: `seqs[i]` computes `seqs[i].num_scheduled_tokens` tokens."""
-
-    seqs: list[Sequence]
-    num_prefill_tokens: int
-    num_decode_tokens: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-
-class Swapper(Protocol):
-    """Moves KV blocks between the device pool and the CPU pool (pairs of (device_block, cpu_block))."""
-
-    def swap_out(self, pairs: list[tuple[int, int]]) -> None: ...
-    def swap_in(self, pairs: list[tuple[int, int]]) -> None: ...
-
-
-class _NoCopy:
-    def swap_out(self, pairs):  # the simulated pool has no tensors to move
-        pass
-
-    def swap_in(self, pairs):
-        pass
 
 
 class Scheduler:
@@ -118,9 +51,12 @@ class Scheduler:
             raise ValueError("preemption='swap' needs a cpu_allocator (the CPU pool's blocks)")
         if config.enable_prefix_caching and not hasattr(allocator, "find_cached_prefix"):
             raise ValueError("enable_prefix_caching needs a PrefixCachingBlockAllocator (inflight.engine.prefix_cache)")
+        if config.watermark_blocks >= allocator.num_blocks:
+            raise ValueError(f"watermark_blocks ({config.watermark_blocks}) must be less than the pool's "
+                             f"{allocator.num_blocks} blocks")
         self.allocator = allocator
         self.cpu_allocator = cpu_allocator
-        self.swapper = swapper or _NoCopy()
+        self.swapper = swapper or NoCopy()
         self.config = config
         self.block_size = allocator.block_size
         self.waiting: list[Sequence] = []   # sorted by (priority, arrival, submission)
@@ -131,19 +67,10 @@ class Scheduler:
 
     # -- queues ----------------------------------------------------------------------------------
     def check_can_run(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        """Refuse (ValueError) a request that could never finish in this pool: the submission rule,
-        stated with the same numbers admission and growth use."""
-        most = max(num_prompt_tokens, min(num_prompt_tokens + max_tokens, self.config.max_model_len) - 1)
-        need, total = blocks_needed(most, self.block_size), self.allocator.num_blocks
-        if need > total:
-            raise ValueError(f"this request can need {most} tokens of KV = {need} blocks, more than the whole pool "
-                             f"({total} blocks of {self.block_size}): it could never finish. "
-                             "Lower max_tokens or give the engine more blocks.")
-        first = blocks_needed(num_prompt_tokens, self.block_size)
-        wm = self.config.watermark_blocks
-        if not self.config.enable_chunked_prefill and first > total - wm:
-            raise ValueError(f"prompt needs {first} blocks but admission keeps {wm} of the {total} blocks "
-                             "free (watermark): it could never be admitted")
+        """Refuse (ValueError) a request that could never finish in this pool: the submission rule
+        (`inflight.engine.liveness.check_can_run`), which admission and growth agree with."""
+        check_can_run(num_prompt_tokens, max_tokens, self.config.max_model_len, self.allocator.num_blocks,
+                      self.block_size)
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request (its place follows its priority, then its arrival)."""
@@ -202,7 +129,8 @@ class Scheduler:
                      for s in self.running)
         b = compute(BudgetInputs(plan, self.allocator.num_free, self.block_size, cfg.watermark_blocks,
                                  cfg.max_batched_tokens, cfg.max_batch_size))
-        self.events.budget = Budget(b.blocks, b.tokens, b.slots)
+        b = Budget(b.blocks, b.tokens, b.slots, cfg.watermark_blocks)  # a copy: a learner's object stays theirs
+        self.events.budget = b
         return b
 
     # -- 3. admit --------------------------------------------------------------------------------
@@ -211,13 +139,13 @@ class Scheduler:
         (admission spends it).
 
         Strict order (no skipping ahead): if the head of the queue does not fit, nobody behind it
-        is admitted this step — head-of-line blocking, the price of fairness."""
+        is admitted this step — head-of-line blocking, the price of fairness. A request that would
+        run alone may use the watermark's blocks too (there is no running request to keep them for)."""
         b = budget
         while self.swapped and b.slots > 0 and b.tokens > 0:
             s = self.swapped[0]
-            q = self._chunk(s, b)
-            need = blocks_needed(s.num_computed_tokens + q, self.block_size)
-            if q == 0 or need > b.blocks or not self._can_allocate(need):
+            q, need = self.admission_cost(s, b)
+            if q == 0 or not self._fits(need, b) or not self._can_allocate(need):
                 break
             self.swapped.pop(0)
             self._swap_in(s, need)
@@ -228,12 +156,8 @@ class Scheduler:
         admitted: list[Sequence] = []
         while self.waiting and b.slots > 0 and b.tokens > 0:
             s = self.waiting[0]
-            hit, cached = cached_prefix(self.allocator, s) if self.config.enable_prefix_caching else ([], 0)
-            q = self._chunk(s, b, cached)
-            need = blocks_needed(cached + q, self.block_size) - len(hit)
-            # reviving a cached block nobody holds uses up a free block, just like a new one
-            cost = need + (self.allocator.blocks_to_revive(hit) if hit else 0)
-            if q == 0 or cost > b.blocks or not self._can_allocate(cost):
+            q, need, cost, hit, cached = self._prompt_cost(s, b)
+            if q == 0 or not self._fits(cost, b) or not self._can_allocate(cost):
                 break
             self.waiting.pop(0)
             self.allocate_prompt(s, need, hit, cached)
@@ -241,6 +165,23 @@ class Scheduler:
             admitted.append(s)
         self.events.admitted.extend(admitted)
         return admitted
+
+    def admission_cost(self, s: Sequence, b: Budget) -> tuple[int, int]:
+        """What admitting `s` (a swapped or waiting request) would take now: (tokens, blocks)."""
+        if s.status is SequenceStatus.SWAPPED:  # its KV comes back from the CPU pool
+            q = self._chunk(s, b)
+            return q, blocks_needed(s.num_computed_tokens + q, self.block_size)
+        q, _, cost, _, _ = self._prompt_cost(s, b)
+        return q, cost
+
+    def _prompt_cost(self, s: Sequence, b: Budget) -> tuple[int, int, int, list[int], int]:
+        """A waiting request's first chunk: its tokens q, the new blocks it needs, what that costs
+        the pool, and the prefix-cache hit it starts from (blocks, tokens)."""
+        hit, cached = cached_prefix(self.allocator, s) if self.config.enable_prefix_caching else ([], 0)
+        q = self._chunk(s, b, cached)
+        need = blocks_needed(cached + q, self.block_size) - len(hit)
+        # reviving a cached block nobody holds uses up a free block, just like a new one
+        return q, need, need + (self.allocator.blocks_to_revive(hit) if hit else 0), hit, cached
 
     def allocate_prompt(self, s: Sequence, need: int, hit: list[int] = (), cached: int = 0) -> None:
         """Give an admitted request the blocks for its first chunk: the `hit` blocks of the prefix
@@ -261,6 +202,11 @@ class Scheduler:
         if remaining <= b.tokens or b.tokens == self.config.max_batched_tokens:
             return remaining  # (an over-long prompt may run alone in an otherwise empty step)
         return 0
+
+    def _fits(self, need: int, b: Budget) -> bool:
+        """Whether `need` blocks fit the budget: within it, or — for a request that would run alone,
+        which nobody's growth can preempt — within it plus the watermark."""
+        return need <= b.blocks or (not self.running and need <= b.blocks + b.watermark)
 
     def _can_allocate(self, need: int) -> bool:
         if self.allocator.can_allocate(need):
@@ -357,32 +303,56 @@ class Scheduler:
         self.events.free_blocks_at_decode = self.allocator.num_free
         return SchedulerOutput(seqs, prefill, decode)
 
-    def update(self, out: SchedulerOutput, sampled: Iterable[int], now: float) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: Iterable[int], now: float,
+               errors: Mapping[int, str] | None = None) -> list[Sequence]:
         """After the forward pass: count the computed tokens and append one sampled token to each
-        request whose prefill is complete (`sampled` has one id per such request, in batch order)."""
+        request whose prefill is complete (`sampled` has one id per such request, in batch order).
+
+        `errors[k]` says why the k-th of those requests got no token (its sampling failed): it ends
+        with finish_reason "error" and that message, and the others go on. A stop check that fails
+        ends its own request the same way."""
         eos, max_len = self.config.eos_token_ids, self.config.max_model_len
         it = iter(sampled)
         touched = []
+        k = -1
         for s in out.seqs:  # (the plan, num_scheduled_tokens, stays until the next budget replaces it)
             s.num_computed_tokens += s.num_scheduled_tokens
             if self.config.enable_prefix_caching:
                 cache_full_blocks(self.allocator, s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
-            token = next(it)
+            token, k = next(it), k + 1
             if s.finish_reason is not None:  # decoding a request that had already finished: wasted work
                 self.events.wasted_tokens += 1
+                continue
+            if errors and k in errors:
+                fail(s, f"sampling failed: {errors[k]}", now)
+                touched.append(s)
                 continue
             s.token_ids.append(token)
             s.token_times.append(now)
             if s.first_token_time is None:
                 s.first_token_time = now
-            reason = check_stop(s, eos, max_len)
-            if reason is not None:
-                s.finish_reason = reason
-                s.finish_time = now
+            try:
+                reason = check_stop(s, eos, max_len)
+            except Exception as exc:  # noqa: BLE001 - the last line of defence: one request's problem stays its own
+                fail(s, f"stop check failed ({type(exc).__name__}: {exc})", now)
+            else:
+                if reason is not None:
+                    s.finish_reason = reason
+                    s.finish_time = now
             touched.append(s)
         return touched
+
+    def release_unused(self, out: SchedulerOutput) -> None:
+        """After a forward pass that raised: give back the blocks allocated for tokens that were not
+        computed, so the engine stands as if this batch had been planned but not run (the next step
+        plans again; nothing leaks)."""
+        for s in out.seqs:
+            keep = blocks_needed(s.num_computed_tokens, self.block_size)
+            if len(s.block_table) > keep:
+                self.allocator.free(s.block_table[keep:])
+                del s.block_table[keep:]
 
     def sampling_mask(self, out: SchedulerOutput) -> list[bool]:
         """Which requests of the batch sample a token this step (their prefill completes)."""

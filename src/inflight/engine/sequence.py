@@ -16,14 +16,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from inflight.engine.sampling import SamplingParams
 
-__all__ = ["SequenceStatus", "Sequence", "check_stop"]
+__all__ = ["SequenceStatus", "Sequence", "check_stop", "fail"]
 
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"    # queued: no KV blocks (new, or preempted by recompute)
     RUNNING = "running"    # holds KV blocks on the device, is in the batch
     SWAPPED = "swapped"    # preempted by swap: its KV blocks sit in the CPU pool
-    FINISHED = "finished"  # done (stop, length or aborted); blocks returned
+    FINISHED = "finished"  # done (stop, length, abort or error); blocks returned
 
 
 class Sequence:
@@ -33,7 +33,7 @@ class Sequence:
                  "status", "num_computed_tokens", "num_scheduled_tokens", "block_table", "cpu_block_table",
                  "generator", "first_token_time", "token_times", "finish_time", "finish_reason", "seq_no",
                  "num_preemptions", "sort_key", "priority", "block_hashes", "num_cached_blocks",
-                 "num_cached_tokens")
+                 "num_cached_tokens", "error")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams", arrival_time: float,
                  seq_no: int = 0, generator: "torch.Generator | None" = None):
@@ -55,7 +55,8 @@ class Sequence:
         self.first_token_time: float | None = None
         self.token_times: list[float] = []
         self.finish_time: float | None = None
-        self.finish_reason: str | None = None  # "stop" | "length" | "abort"; set when the last token is sampled
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; set when it ends
+        self.error: str | None = None  # why it ended with "error"
         self.num_preemptions = 0
         # prefix caching: content keys of the full blocks of token_ids (they never change once the
         # tokens exist, so they survive preemption), how many of the blocks in block_table are known
@@ -92,3 +93,11 @@ def check_stop(seq: Sequence, eos_token_ids: frozenset[int] | set[int], max_mode
     if seq.num_tokens - seq.num_prompt_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
         return "length"
     return None
+
+
+def fail(seq: Sequence, why: str, now: float) -> None:
+    """End `seq` because something went wrong for it alone (finish_reason "error", with `why`): it
+    leaves at the next reap like any finished request, and the others go on."""
+    seq.finish_reason = "error"
+    seq.error = why
+    seq.finish_time = now

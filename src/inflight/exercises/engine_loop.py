@@ -13,7 +13,7 @@ import copy
 from typing import Any, Callable, Sequence
 
 from inflight.engine.scheduler import STEP_ORDER
-from inflight.exercises.grading import Case, GradeResult, Mistake, grade
+from inflight.exercises.grading import Case, CodeTimeout, GradeResult, Mistake, call_with_time_limit, grade
 from inflight.sim.engine_sim import SimEngine
 from inflight.sim.workloads import Request
 
@@ -208,12 +208,14 @@ def check_engine_loop(step: Callable[[SimEngine], Any] | Sequence[str], *, quiet
                 print(result.report)
             return result
     result = grade("the engine loop", step, reference_step, _cases(), _mistakes(), quiet=True)
-    try:
-        probe = SimEngine(**WORKLOADS["trickle"]())
-        probe.run_step(step)
-        order = " → ".join(probe.calls)
-    except Exception:  # the cases above already reported it
-        order = None
+    order = None
+    if not result.timed_out:  # (a step() that never returns was reported above: don't run it again)
+        try:
+            probe = SimEngine(**WORKLOADS["trickle"]())
+            call_with_time_limit(probe.run_step, step)
+            order = " → ".join(probe.calls)
+        except (Exception, CodeTimeout):  # the cases above already reported it
+            order = None
     lines = [result.report]
     if order:
         lines.insert(1, f"   Your step() calls: {order}")

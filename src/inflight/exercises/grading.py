@@ -5,12 +5,31 @@ compares the results, and — when a case fails — looks for a known mistake (a
 deliberately wrong implementation) that behaves like the learner's code across the cases, not on one
 case alone (see `recognise_mistake`). If one does, its one-sentence explanation is printed; if none
 does, the report says so rather than guess. The result is a `GradeResult`, truthy when every case passed.
+
+Code that never returns is stopped. Every case runs the learner's code under a time limit
+(`TIME_LIMIT_S`), enforced by a trace function (`sys.settrace`) that checks the clock at every line
+the learner's code runs and at every call it makes; past the deadline it raises `CodeTimeout` in
+that code, and the grader reports "your step() did not return within 10 s" instead of hanging the
+cell. Why a trace function: `signal.alarm` exists only on Unix and only in the main thread (not on
+Windows kernels, not in a worker thread); a watchdog thread cannot stop a Python loop; a separate
+process would have to pickle the learner's classes, which notebooks define in `__main__`. Tracing
+works in any thread on every OS, and costs only while graded code runs: the package's own code is
+not traced line by line. (Only a loop inside one C call — `time.sleep(1e9)` — escapes it.)
 """
 from __future__ import annotations
 
+import os
+import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+#: How long one case may run the learner's code before the grader stops it (seconds): graded
+#: cases take milliseconds, so only code that never returns gets anywhere near it.
+TIME_LIMIT_S = 10.0
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../inflight
 
 
 @dataclass
@@ -45,6 +64,7 @@ class GradeResult:
     mistake: str | None = None  # name of the recognised Mistake, if any
     explanation: str | None = None
     not_implemented: bool = False
+    timed_out: bool = False  # the learner's code did not return within the time limit
     report: str = field(default="", repr=False)
 
     def __bool__(self) -> bool:
@@ -52,6 +72,75 @@ class GradeResult:
 
     def __str__(self) -> str:
         return self.report
+
+
+class CodeTimeout(BaseException):
+    """Raised inside the learner's code when it runs past its time limit. A BaseException, like
+    KeyboardInterrupt, so that an `except Exception:` in the learner's loop does not swallow it."""
+
+    def __init__(self, where: str, seconds: float):
+        self.where, self.seconds = where, seconds  # where: "your step()" or "your step() (stopped inside f())"
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        name, _, inside = self.where.partition(" (")
+        return f"{name} did not return within {self.seconds:g} s" + (f" ({inside}" if inside else "")
+
+
+def call_with_time_limit(fn: Callable[..., Any], *args: Any, seconds: float | None = None, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, stopped with `CodeTimeout` if code outside the package is still running
+    after `seconds` (default `TIME_LIMIT_S`). Works in any thread, on every OS."""
+    seconds = TIME_LIMIT_S if seconds is None else seconds
+    deadline = time.monotonic() + seconds
+    clock = time.monotonic
+    entry = sys._getframe()  # the stack above this frame is the grader's, not the learner's
+
+    def line(frame, event, arg):  # in the learner's frames: every line, call and return
+        if clock() > deadline:
+            raise CodeTimeout(_learner_function(frame, entry), seconds)
+        return line
+
+    def call(frame, event, arg):  # every new frame; the package's own are not traced line by line
+        if clock() > deadline:
+            raise CodeTimeout(_learner_function(frame, entry), seconds)
+        return None if frame.f_code.co_filename.startswith(_PACKAGE_DIR) else line
+
+    previous = sys.gettrace()  # (a debugger's or coverage's tracer comes back afterwards)
+    sys.settrace(call)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.settrace(previous)
+
+
+def _learner_function(frame: Any, entry: Any) -> str:
+    """What hung, from the stack: "your step()" for the function the grader called, plus where it
+    was when stopped if that is another function ("your step() (stopped inside wait_for())")."""
+    names = []  # the learner's named functions on the stack, innermost first (lambdas and <module> skipped)
+    while frame is not None and frame is not entry:
+        code = frame.f_code
+        name = getattr(code, "co_qualname", code.co_name)
+        if not code.co_filename.startswith(_PACKAGE_DIR) and not name.startswith("<"):
+            names.append(name)
+        frame = frame.f_back
+    if not names:
+        return "your code"
+    where = f" (stopped inside {names[0]}())" if names[0] != names[-1] else ""
+    return f"your {names[-1]}(){where}"
+
+
+class _TimedOut:
+    """Stands for "the implementation did not return": unequal to every result."""
+
+    def __init__(self, stop: CodeTimeout):
+        self.message = stop.message
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return self.message
 
 
 class _Raised:
@@ -69,10 +158,13 @@ class _Raised:
 
 
 def _outcome(case: Case, impl: Any) -> Any:
+    """What the learner's `impl` gives on `case` (under the time limit): a result, `_Raised` or `_TimedOut`."""
     try:
-        return case.run(impl)
+        return call_with_time_limit(case.run, impl)
     except NotImplementedError:
         raise
+    except CodeTimeout as stop:
+        return _TimedOut(stop)
     except Exception as exc:  # the learner's bug is data here, not a crash of the notebook
         return _Raised(exc)
 
@@ -98,6 +190,8 @@ def grade(
         for case in cases:
             expected = case.run(reference)
             got = _outcome(case, candidate)
+            if isinstance(got, _TimedOut):  # stop here: every further case could hang just as long
+                return _report_timeout(exercise, case, got, n_passed, len(cases), quiet)
             if got == expected:
                 n_passed += 1
             elif failure is None:
@@ -133,6 +227,20 @@ def grade(
     return result
 
 
+def _report_timeout(exercise: str, case: Case, got: _TimedOut, n_passed: int, n_total: int,
+                    quiet: bool) -> GradeResult:
+    lines = [f"❌ {exercise}: {got.message}, so the grader stopped it.",
+             f"   Case: {case.name}" + (f" — {case.describe}" if case.describe else ""),
+             "💡 Look for a loop that never ends: a `while` whose condition nothing in the loop changes, or "
+             "one that waits for something only a later step would do.",
+             f"   ({n_passed} case(s) passed before it; the rest were not run.)"]
+    result = GradeResult(exercise, False, n_passed, n_total, case.name, None, got, timed_out=True,
+                         report="\n".join(lines))
+    if not quiet:
+        print(result.report)
+    return result
+
+
 # A known mistake is named only when it gives the learner's exact (wrong) answer on the first failing
 # case shown AND on at least this share of all the cases the learner failed. One shared case proves
 # little: a shortest-job-first scheduler and a LIFO one both put B before A in the spec's example,
@@ -150,7 +258,10 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
     `MISTAKE_MIN_SHARE` of the cases the candidate fails; the one reproducing the most failures
     wins (ties: the most agreement over all cases). None when no mistake qualifies.
     """
-    mine = {c.name: _safe(c, candidate) for c in cases}
+    mine: dict[str, Any] = {}
+    for c in cases:  # after one case that hangs, don't wait for the others
+        hung = any(isinstance(v, _TimedOut) for v in mine.values())
+        mine[c.name] = _TimedOut(CodeTimeout("your code", 0)) if hung else _safe(c, candidate)
     failed = [c for c in cases if mine[c.name] != _safe(c, reference)]
     best, best_key = None, (-1, -1)
     for mistake in mistakes:

@@ -5,13 +5,16 @@ by one so that chapter 6's exercise can put them in any order and measure what t
 and so that chapter 5's KV-utilisation simulator (`inflight.sim.kv_sim`) runs the very admission,
 growth and preemption rules the engine runs. `decode()` "runs" the batch: every scheduled token
 counts as computed and each request whose prefill is complete gets one token (id 1, never a stop
-token). Steps are the clock: TTFT is measured in steps.
+token). Steps are the clock: TTFT is measured in steps. With `enable_prefix_caching`, prompts share
+cached blocks as in the engine (`prompts` gives their token ids; by default every prompt is all 1s).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from inflight.checks import integer, token_ids
 from inflight.engine.block_manager import BlockAllocator, blocks_needed
+from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.sampling import SamplingParams
 from inflight.engine.budget import Budget, BudgetInputs
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
@@ -29,13 +32,20 @@ class SimEngine:
 
     def __init__(self, requests: Sequence[Request], num_blocks: int, block_size: int = 4, max_batch_size: int = 4,
                  max_batched_tokens: int = 64, enable_chunked_prefill: bool = True, preemption: str = "recompute",
-                 watermark_blocks: int = 0):
-        """`requests`: `inflight.sim.workloads.Request`s (prompt_len, output_len, arrival step)."""
+                 watermark_blocks: int = 0, enable_prefix_caching: bool = False,
+                 prompts: Mapping[str, Sequence[int]] | None = None):
+        """`requests`: `inflight.sim.workloads.Request`s (prompt_len, output_len, arrival step);
+        `prompts`: the token ids of some of them, by request id (the others are all 1s)."""
         cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
                               enable_chunked_prefill=enable_chunked_prefill, preemption=preemption,
-                              watermark_blocks=watermark_blocks, max_model_len=10**6)
+                              watermark_blocks=watermark_blocks, max_model_len=10**6,
+                              enable_prefix_caching=enable_prefix_caching)
         cpu = BlockAllocator(num_blocks, block_size) if preemption == "swap" else None
-        self.scheduler = Scheduler(BlockAllocator(num_blocks, block_size), cfg, cpu)
+        pool = PrefixCachingBlockAllocator if cfg.enable_prefix_caching else BlockAllocator
+        self.scheduler = Scheduler(pool(num_blocks, block_size), cfg, cpu)
+        self.prompts = {str(k): token_ids(f"prompts[{k!r}]", v) for k, v in (prompts or {}).items()}
+        for r in requests:
+            self._check(r)
         self.pending = sorted(enumerate(requests), key=lambda ir: (ir[1].arrival, ir[0]))
         self._budget = Budget(0, 0, 0)  # the last budget computed: admit() spends it, stale or not
         self.seqs: list[Seq] = []
@@ -43,6 +53,21 @@ class SimEngine:
         self.log: list[dict] = []
         self.calls: list[str] = []
         self.overcommitted = 0
+
+    def _check(self, r: Request) -> None:
+        """A request the engine would accept: positive lengths, an arrival step, and a pool it fits."""
+        if not isinstance(r, Request):
+            raise TypeError(f"requests must be inflight.sim.workloads.Request, got {type(r).__name__}")
+        prompt_len = len(self.prompts[str(r.id)]) if str(r.id) in self.prompts else \
+            integer(f"request {r.id!r}: prompt_len", r.prompt_len, minimum=1)
+        if prompt_len < 1:
+            raise ValueError(f"request {r.id!r}: empty prompt")
+        output_len = integer(f"request {r.id!r}: output_len", r.output_len, minimum=1)
+        integer(f"request {r.id!r}: arrival", r.arrival, minimum=0)
+        try:
+            self.scheduler.check_can_run(prompt_len, output_len)
+        except ValueError as exc:
+            raise ValueError(f"request {r.id!r}: {exc}") from None
 
     # the five steps, as the learner calls them
     def reap(self):
@@ -97,7 +122,8 @@ class SimEngine:
     def arrive(self) -> None:
         while self.pending and self.pending[0][1].arrival <= self.step_no:
             i, r = self.pending.pop(0)
-            seq = Seq(str(r.id), [1] * r.prompt_len, SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+            tokens = list(self.prompts.get(str(r.id), [1] * r.prompt_len))
+            seq = Seq(str(r.id), tokens, SamplingParams(max_tokens=r.output_len, ignore_eos=True),
                       arrival_time=float(self.step_no), seq_no=i)
             self.seqs.append(seq)
             self.scheduler.add(seq)
@@ -128,6 +154,15 @@ class SimEngine:
         self.log.append(rec)
         self.step_no += 1
         return rec
+
+    def abort(self, request_id: str) -> bool:
+        """Drop an arrived, unfinished request wherever it is (its blocks go back); False if none."""
+        for s in self.seqs:
+            if s.request_id == str(request_id) and s.finish_reason is None:
+                self.scheduler.abort(s)
+                s.finish_reason = "abort"
+                return True
+        return False
 
     def done(self) -> bool:
         return not self.pending and not self.scheduler.has_unfinished()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Hashable, Mapping
 
-from inflight.checks import integer, number
+from inflight.checks import integer, number, priority as check_priority, show
 from inflight.engine.priority import check_aging, priority_key
 
 
@@ -36,23 +36,34 @@ class _SchedulerBase:
 
         Ids must be hashable and unique among unfinished requests (a finished id may be reused).
         """
+        self._check_id(request_id)
+        num_tokens = integer("num_tokens", num_tokens, minimum=1)
+        memory_cost = number("memory_cost", memory_cost, above=0)
+        if request_id in self._unfinished:
+            raise ValueError(f"duplicate request id {show(request_id)}: it is already waiting or running")
+        self._unfinished.add(request_id)
+        self._waiting.append(_Entry(request_id, num_tokens, memory_cost))
+
+    def _check_id(self, request_id: Hashable) -> None:
+        """Ids are hashable and, since `step()` returns them sorted, of one kind: all numbers or all
+        strings (or all of one other type) — checked here, not when a later step fails to sort them."""
         try:
             hash(request_id)
         except TypeError:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
-        num_tokens = integer("num_tokens", num_tokens, minimum=1)
-        memory_cost = number("memory_cost", memory_cost, above=0)
-        if request_id in self._unfinished:
-            raise ValueError(f"duplicate request id {request_id!r}: it is already waiting or running")
-        if self._unfinished:  # step() returns ids sorted, so they must compare with each other
-            other = next(iter(self._unfinished))
-            try:
-                sorted([other, request_id])
-            except TypeError:
-                raise TypeError(f"request_id {request_id!r} ({type(request_id).__name__}) cannot be sorted with the "
-                                f"other ids ({other!r} is a {type(other).__name__}): use ids of one type") from None
-        self._unfinished.add(request_id)
-        self._waiting.append(_Entry(request_id, num_tokens, memory_cost))
+        if isinstance(request_id, float) and request_id != request_id:
+            raise ValueError("request_id NaN cannot be sorted (it is neither smaller nor larger than any id)")
+        if not self._unfinished:
+            return
+        other = next(iter(self._unfinished))
+        if _id_kind(other) is not _id_kind(request_id):
+            raise TypeError(f"request_id {show(request_id)} ({type(request_id).__name__}) cannot be sorted with the "
+                            f"other ids ({show(other)} is a {type(other).__name__}): use ids of one type")
+        try:
+            sorted([other, request_id])
+        except TypeError:
+            raise TypeError(f"request_id {show(request_id)} cannot be sorted with the other ids (e.g. "
+                            f"{show(other)}): use ids that compare with each other") from None
 
     # --- read-only views, for chapters and tests -------------------------------------------------
     @property
@@ -187,7 +198,7 @@ class PriorityScheduler(ContinuousBatchScheduler):
         """Queue a request; `priority` (lower = sooner) defaults to `priorities.get(request_id, 0)`."""
         if priority is None:
             priority = self.priorities.get(request_id, 0)
-        priority = integer("priority", priority)
+        priority = check_priority("priority", priority)
         super().add_request(request_id, num_tokens, memory_cost)
         self._waiting[-1].sort_key = priority_key(priority, self._now, self._seq, self.aging)
         self._seq += 1
@@ -203,3 +214,12 @@ class PriorityScheduler(ContinuousBatchScheduler):
         ran = super().step()
         self._now += 1
         return ran
+
+
+def _id_kind(request_id: Hashable) -> type:
+    """What an id sorts as: every real number is a number (1 and 2.5 sort together), every string a
+    string (numpy's too), anything else its own type."""
+    for kind in (Real, str, bytes):
+        if isinstance(request_id, kind):
+            return kind
+    return type(request_id)

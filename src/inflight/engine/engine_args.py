@@ -1,0 +1,75 @@
+"""What `LLMEngine`'s constructor accepts, checked before anything is allocated: the tokenizer, the
+device (the model's own), the stats window, the end-of-sequence ids, and a KV cache that either
+fits the device or is refused with a clear error."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from inflight import checks
+from inflight.model.kv_cache import KVCache, kv_bytes_per_token
+
+__all__ = ["check_tokenizer", "engine_device", "model_attr", "check_stats_window", "eos_token_ids",
+           "allocate_kv_cache"]
+
+
+def eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
+    """End-of-sequence ids from the model's config and the tokenizer (either may name one)."""
+    eos = set(getattr(config, "eos_token_ids", None) or [])
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return frozenset(eos)
+
+
+def model_attr(model: Any, attr: str, default: Any) -> Any:
+    """The model's `device` or `dtype`: its own attribute when it has one (LlamaModel does), else
+    its first parameter's, else `default` (a model without parameters, e.g. a stand-in in tests)."""
+    value = getattr(model, attr, None)
+    if isinstance(value, (torch.device, torch.dtype)):
+        return value
+    try:
+        return getattr(next(model.parameters()), attr)
+    except (AttributeError, StopIteration):
+        return default
+
+
+def check_tokenizer(tokenizer: Any) -> Any:
+    """None, or something with `encode` and `decode` (checked now, not at the first string prompt)."""
+    if tokenizer is not None and not (callable(getattr(tokenizer, "encode", None))
+                                      and callable(getattr(tokenizer, "decode", None))):
+        raise TypeError(f"tokenizer must have encode() and decode() methods, got {type(tokenizer).__name__}")
+    return tokenizer
+
+
+def engine_device(model: Any, device: Any) -> torch.device:
+    """The device the engine runs on: the model's, or `device` if given (which must be the model's)."""
+    own = model_attr(model, "device", None)
+    if device is None:
+        return own if own is not None else torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a device: {exc}") from None
+    if own is not None and (own.type != device.type or None not in (own.index, device.index) and own.index != device.index):
+        raise ValueError(f"the model is on {own} but device={str(device)!r}: move the model (model.to(...)) or leave "
+                         "device out")
+    return device
+
+
+def check_stats_window(stats_window: Any) -> int | None:
+    """How many recent steps `LLMEngine.stats` keeps: a positive int, or None for all of them."""
+    return None if stats_window is None else checks.integer("stats_window", stats_window, minimum=1,
+                                                            maximum=checks.INT64_MAX)
+
+
+def allocate_kv_cache(config: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+    """The KV cache; a pool too big for the device is a clear ValueError, not an allocator crash."""
+    try:
+        return KVCache.for_model(config, num_blocks, block_size, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError, OverflowError, AssertionError) as exc:  # out of memory, or a device torch can't use
+        size = num_blocks * block_size * kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,
+                                                            config.head_dim, dtype)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"could not allocate a KV cache of {num_blocks} blocks of {block_size} tokens "
+                         f"({size / 2**30:.2f} GiB) on {device}: {why}") from None
