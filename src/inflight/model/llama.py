@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from inflight.model.attention import attention
+from inflight.model.attention import AttentionBackend, write_kv
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 
@@ -159,14 +159,12 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache):
+    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache, backend: AttentionBackend):
         """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
-        from inflight.model.attention import write_kv
-
         q, k, v = self._qkv(x, cos, sin)
         kc, vc = kv_cache.k_cache[self.layer_idx], kv_cache.v_cache[self.layer_idx]
         write_kv(kc, vc, k, v, meta.slot_mapping)
-        out = attention(q, kc, vc, meta, self.scale)
+        out = backend(q, kc, vc, meta, self.scale)
         return self.o_proj(out.flatten(-2))
 
     def forward_dense(self, x, cos, sin):
@@ -197,8 +195,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
+    def forward(self, x, cos, sin, meta, kv_cache, backend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward_dense(self, x, cos, sin):
@@ -220,6 +218,9 @@ class LlamaModel(nn.Module):
         self.tie_weights()
         # a plain attribute, not a buffer: model.to(bfloat16) must not round the rotary frequencies
         self._inv_freq = _rope_inv_freq(config)
+        # which attention implementation runs ("auto": the Triton decode kernel on CUDA, else the
+        # plain-torch reference); it records the one that ran last (`.last_used`)
+        self.attention_backend = AttentionBackend("auto")
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the config says so (again after `to_empty`)."""
@@ -258,7 +259,7 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, meta, kv_cache)
+            x = layer(x, cos, sin, meta, kv_cache, self.attention_backend)
         if logits_indices is not None:
             x = x[logits_indices]  # the LM head only where a token will be sampled
         return self.lm_head(self.norm(x)).float()
