@@ -71,11 +71,14 @@ def decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     qd = (q if pattern.in_batch_order else q.index_select(0, pattern.rows)).reshape(-1, D)  # [n * H, D]
     k_rows, v_rows = _rows(k_cache), _rows(v_cache)
     scores = _sampled_scores(qd, k_rows, pattern, scale)  # [nnz]: q·k for every (query row, key it sees)
-    probs = _row_softmax(scores, pattern.lengths)
-    # each query row's output: its value rows summed, weighted by the probabilities
-    out = F.embedding_bag(pattern.cols, v_rows, pattern.crow, mode="sum", per_sample_weights=probs.to(v_rows.dtype),
+    # softmax per query row, normalised at the end (as flash attention does): the value rows summed
+    # with weights exp(score - row max), then divided by the sum of those weights
+    row_max = torch.segment_reduce(scores, "max", lengths=pattern.lengths)
+    weights = (scores - row_max.repeat_interleave(pattern.lengths)).exp_()
+    total = torch.segment_reduce(weights, "sum", lengths=pattern.lengths)
+    out = F.embedding_bag(pattern.cols, v_rows, pattern.crow, mode="sum", per_sample_weights=weights.to(v_rows.dtype),
                           include_last_offset=True)
-    return out.to(q.dtype).view(-1, H, D)
+    return (out / total[:, None]).to(q.dtype).view(-1, H, D)
 
 
 def _sampled_scores(qd: torch.Tensor, k_rows: torch.Tensor, pattern: DecodePattern, scale: float) -> torch.Tensor:
@@ -91,13 +94,6 @@ def _sampled_scores(qd: torch.Tensor, k_rows: torch.Tensor, pattern: DecodePatte
     # half precision (PyTorch's sampled_addmm is float32/64 only): the same products from gathered rows
     q_of = torch.repeat_interleave(qd.float(), pattern.lengths, dim=0)
     return (k_rows.index_select(0, pattern.cols).float() * q_of).sum(-1) * scale
-
-
-def _row_softmax(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Softmax over each query row's run of `lengths[r]` consecutive scores (max subtracted for stability)."""
-    row_max = torch.segment_reduce(scores, "max", lengths=lengths)
-    e = (scores - row_max.repeat_interleave(lengths)).exp_()
-    return e.div_(torch.segment_reduce(e, "sum", lengths=lengths).repeat_interleave(lengths))
 
 
 def prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunks: list[PrefillChunk],
