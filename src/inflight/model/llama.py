@@ -150,13 +150,14 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.unflatten(-1, (self.n_heads, self.head_dim))
-        k = k.unflatten(-1, (self.n_kv, self.head_dim))
-        v = v.unflatten(-1, (self.n_kv, self.head_dim))
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        """q, k (rotated) and v of x `[..., hidden]`; cos/sin `[..., 1, head_dim]` broadcast over heads."""
+        qkv = self.qkv_proj(x)
+        qk_size = self.q_size + self.kv_size
+        # rotate q and k together: they are adjacent columns of the fused projection
+        qk = qkv[..., :qk_size].unflatten(-1, (self.n_heads + self.n_kv, self.head_dim))
+        qk = qk * cos + _rotate_half(qk) * sin
+        q, k = qk.split([self.n_heads, self.n_kv], dim=-2)
+        v = qkv[..., qk_size:].unflatten(-1, (self.n_kv, self.head_dim))
         return q, k, v
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache, backend: AttentionBackend):
@@ -242,7 +243,7 @@ class LlamaModel(nn.Module):
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         freqs = positions.float()[..., None] * self._inv_freq  # float32, as HF does
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]  # [..., 1, head_dim]: broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
@@ -257,7 +258,7 @@ class LlamaModel(nn.Module):
         if kv_cache.num_layers != len(self.layers):
             raise ValueError(f"KV cache has {kv_cache.num_layers} layers, model has {len(self.layers)}")
         x = self.embed_tokens(input_ids)
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
         for layer in self.layers:
             x = layer(x, cos, sin, meta, kv_cache, self.attention_backend)
         if logits_indices is not None:
