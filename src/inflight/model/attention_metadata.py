@@ -115,7 +115,8 @@ class AttentionMetadata:
         seq_of_token = torch.repeat_interleave(torch.arange(len(q)), q_t)
         within = torch.arange(int(starts[-1])) - starts[seq_of_token]
         positions = (c_t - q_t)[seq_of_token] + within
-        blocks = table_t.long()[seq_of_token, positions // block_size]
+        # (index_select on the flat table: far cheaper on CPU than advanced indexing with two index tensors)
+        blocks = table_t.view(-1).long().index_select(0, seq_of_token * max_blocks + positions // block_size)
         slots = blocks * block_size + positions % block_size
         return cls(
             query_start_loc=starts.to(torch.int32).to(device),
@@ -139,7 +140,7 @@ class AttentionMetadata:
         dev = self.block_tables.device
         p = torch.arange(self.max_context_len, device=dev)
         cols = (p // self.block_size).clamp(max=self.block_tables.shape[1] - 1)
-        slots = self.block_tables.long()[:, cols] * self.block_size + p % self.block_size
+        slots = self.block_tables.long().index_select(1, cols) * self.block_size + p % self.block_size
         return slots.masked_fill_(p >= self.context_lens.long()[:, None], 0)
 
     def decode_pattern(self, num_heads: int, num_kv_heads: int) -> DecodePattern | None:
@@ -203,17 +204,24 @@ def _decode_pattern(meta: AttentionMetadata, num_heads: int, num_kv_heads: int) 
     seqs = [i for i, n in enumerate(meta.query_lens) if n == 1]
     if not seqs:
         return None
-    dev, starts = meta.block_tables.device, meta.query_start_loc.tolist()
-    idx = torch.tensor(seqs, device=dev)
-    ctx = meta.context_lens.index_select(0, idx).long()
-    L = max(meta.context_lens_list[i] for i in seqs)
-    slots = meta.kv_slots.index_select(0, idx)[:, :L]  # [n, L]
-    kv_head = torch.arange(num_heads, device=dev) // (num_heads // num_kv_heads)  # of each query head
-    cols = slots[:, None, :] * num_kv_heads + kv_head[None, :, None]  # [n, H, L]
-    inside = (torch.arange(L, device=dev) < ctx[:, None])[:, None, :].expand_as(cols)
-    lengths = ctx.repeat_interleave(num_heads)
-    crow = torch.zeros(len(seqs) * num_heads + 1, dtype=torch.long, device=dev)
+    dev, starts, n = meta.block_tables.device, meta.query_start_loc.tolist(), len(seqs)
+    all_decode = n == meta.num_seqs
+    idx = None if all_decode else torch.tensor(seqs, device=dev)
+    ctx = meta.context_lens.long() if all_decode else meta.context_lens.long().index_select(0, idx)
+    slots = meta.kv_slots if all_decode else meta.kv_slots.index_select(0, idx)
+    # every decode's slots, in position order, back to back (sum of contexts); the cache row of slot s
+    # under kv head j is s * kv_heads + j
+    rows_of_slots = slots[torch.arange(slots.shape[1], device=dev) < ctx[:, None]] * num_kv_heads
+    lengths = ctx.repeat_interleave(num_heads)  # query row i * H + h sees decode i's context
+    crow = torch.zeros(n * num_heads + 1, dtype=torch.long, device=dev)
     torch.cumsum(lengths, 0, out=crow[1:])
+    # nonzero e of query row r = (i, h) takes decode i's slot number e - crow[r] under kv head h // g:
+    # its place in rows_of_slots is e + (start of decode i there - crow[r])
+    seq_start = torch.zeros(n, dtype=torch.long, device=dev)
+    torch.cumsum(ctx[:-1], 0, out=seq_start[1:])
+    shift = seq_start.repeat_interleave(num_heads) - crow[:-1]
+    kv_head = (torch.arange(num_heads, device=dev) // (num_heads // num_kv_heads)).repeat(n)
+    e = torch.arange(int(crow[-1]), device=dev)
+    cols = rows_of_slots.index_select(0, e + shift.repeat_interleave(lengths)) + kv_head.repeat_interleave(lengths)
     rows = [starts[i] for i in seqs]
-    return DecodePattern(torch.tensor(rows, dtype=torch.long, device=dev), rows == list(range(meta.num_tokens)),
-                         crow, cols[inside], lengths)
+    return DecodePattern(torch.tensor(rows, dtype=torch.long, device=dev), all_decode, crow, cols, lengths)
