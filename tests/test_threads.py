@@ -58,3 +58,19 @@ def test_machine_load_counts_other_runnable_threads():
     if os.path.exists("/proc/loadavg"):  # Linux: two spinning neighbours are seen
         assert load.other_runnable >= 1.5 and load.busy
         assert load.as_dict()["busy"] is True
+
+
+def test_load_watch_sees_other_programs_working_during_a_measurement():
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("needs Linux /proc/stat")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with threads.LoadWatch(sample_seconds=0.1) as watch:
+            import time
+            time.sleep(1.0)  # this process idles; the spinner keeps a core busy
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert watch.other_cores >= 0.6 and watch.busy
+    d = watch.as_dict()
+    assert d["busy"] is True and d["wall_s"] >= 1.0 and d["before"]["cores"] >= 1

@@ -23,11 +23,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["ThreadConfig", "MachineLoad", "configure_threads", "machine_load", "passive_wait_in_effect",
+__all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "passive_wait_in_effect",
            "BUSY_RUNNABLE"]
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
-#: a machine is "busy" when, on average, at least this many other threads were runnable
+#: a machine is "busy" when, on average, at least this many other threads were runnable (or other
+#: programs kept this many cores busy during a run)
 BUSY_RUNNABLE = 0.5
 
 # Recorded once, when `import inflight` runs this module: what OpenMP will see when torch loads.
@@ -160,3 +161,58 @@ def _runnable_names() -> list[str]:
         if rest[:1] == "R":
             names.append(name)
     return sorted(names)
+
+
+def _busy_jiffies() -> int | None:
+    """CPU time (clock ticks) all cores spent on anything but idling, since boot (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    guest = sum(fields[8:10]) if len(fields) > 9 else 0  # already counted in user/nice
+    return sum(fields) - idle - guest
+
+
+class LoadWatch:
+    """Watches a measurement: the machine's load before and after, and how many cores *other*
+    programs kept busy while it ran (all cores' busy time from /proc/stat, minus this process's).
+
+        with LoadWatch() as watch:
+            run_the_benchmark()
+        watch.busy, watch.as_dict()
+    """
+
+    def __init__(self, sample_seconds: float = 0.2):
+        self.sample_seconds = sample_seconds
+        self.before: MachineLoad | None = None
+        self.after: MachineLoad | None = None
+        self.wall_seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.other_cores: float | None = None
+
+    def __enter__(self) -> "LoadWatch":
+        self.before = machine_load(self.sample_seconds)
+        self._t0, self._c0, self._j0 = time.perf_counter(), time.process_time(), _busy_jiffies()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_seconds = time.perf_counter() - self._t0
+        self.cpu_seconds = time.process_time() - self._c0
+        j1 = _busy_jiffies()
+        if self._j0 is not None and j1 is not None and self.wall_seconds > 0:
+            busy = (j1 - self._j0) / os.sysconf("SC_CLK_TCK")
+            self.other_cores = max(0.0, busy - self.cpu_seconds) / self.wall_seconds
+        self.after = machine_load(self.sample_seconds)
+
+    @property
+    def busy(self) -> bool:
+        """Other programs competed for the cores before, during or after the measurement."""
+        during = self.other_cores is not None and self.other_cores >= BUSY_RUNNABLE
+        return during or bool(self.before and self.before.busy) or bool(self.after and self.after.busy)
+
+    def as_dict(self) -> dict:
+        return {"busy": self.busy, "other_cores_during": self.other_cores, "wall_s": self.wall_seconds,
+                "cpu_s": self.cpu_seconds, "before": self.before.as_dict() if self.before else None,
+                "after": self.after.as_dict() if self.after else None}
