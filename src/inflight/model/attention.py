@@ -73,9 +73,10 @@ def decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scores = _sampled_scores(qd, k_rows, pattern, scale)  # [nnz]: q·k for every (query row, key it sees)
     # softmax per query row, normalised at the end (as flash attention does): the value rows summed
     # with weights exp(score - row max), then divided by the sum of those weights
-    row_max = torch.segment_reduce(scores, "max", lengths=pattern.lengths)
-    weights = (scores - row_max.repeat_interleave(pattern.lengths)).exp_()
-    total = torch.segment_reduce(weights, "sum", lengths=pattern.lengths)
+    # (the pattern is valid by construction: `unsafe` skips re-checking it, and output_size a sync)
+    row_max = torch.segment_reduce(scores, "max", offsets=pattern.crow, unsafe=True)
+    weights = (scores - row_max.repeat_interleave(pattern.lengths, output_size=scores.numel())).exp_()
+    total = torch.segment_reduce(weights, "sum", offsets=pattern.crow, unsafe=True)
     out = F.embedding_bag(pattern.cols, v_rows, pattern.crow, mode="sum", per_sample_weights=weights.to(v_rows.dtype),
                           include_last_offset=True)
     return (out / total[:, None]).to(q.dtype).view(-1, H, D)
