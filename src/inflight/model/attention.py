@@ -6,9 +6,9 @@ each query row sees exactly the cache rows of its own context, so three operatio
 of context lengths with no padding and no copy of the cache —
 `torch.sparse.sampled_addmm` computes the scores q·k only where the pattern allows, a softmax per
 row, and `F.embedding_bag` sums the value rows weighted by the probabilities. Prefill chunks (many
-queries each, causal) gather their sequence's keys and values and run
-`scaled_dot_product_attention`, one chunk at a time. The indices and masks are computed once per
-step and read by every layer.
+queries each, causal) gather their sequences' keys and values and run one padded
+`scaled_dot_product_attention` for all of them. The indices and masks are computed once per step
+and read by every layer.
 
 `AttentionBackend` chooses the implementation per call: on CUDA the Triton decode kernel takes the
 decodes (a mixed step is split so that its decodes still take it) and the reference the prefill
@@ -22,7 +22,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from inflight.model.attention_metadata import AttentionMetadata, DecodePattern, PrefillChunk
+from inflight.model.attention_metadata import AttentionMetadata, DecodePattern, PrefillBatch
 
 __all__ = ["write_kv", "paged_attention", "AttentionBackend", "BACKENDS"]
 
@@ -55,7 +55,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = q.new_empty(q.shape)
     if pattern is not None:
         out.index_copy_(0, pattern.rows, decode_reference(q, k_cache, v_cache, pattern, scale))
-    prefill_reference(q, k_cache, v_cache, meta.prefill_chunks, scale, out)
+    prefill = meta.prefill_batch
+    if prefill is not None:
+        out.index_copy_(0, prefill.rows, prefill_reference(q, k_cache, v_cache, prefill, scale))
     return out
 
 
@@ -97,18 +99,18 @@ def _sampled_scores(qd: torch.Tensor, k_rows: torch.Tensor, pattern: DecodePatte
     return (k_rows.index_select(0, pattern.cols).float() * q_of).sum(-1) * scale
 
 
-def prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunks: list[PrefillChunk],
-                      scale: float, out: torch.Tensor) -> None:
-    """Each prefill chunk of the step against its sequence's cached keys, written into `out`'s rows."""
-    H, kvh, D = q.shape[1], k_cache.shape[2], q.shape[2]
-    kf, vf = k_cache.view(-1, kvh, D), v_cache.view(-1, kvh, D)  # [slots, kvh, D]
-    for chunk in chunks:
-        qc = q[chunk.start:chunk.stop].transpose(0, 1)[None]  # [1, H, Q, D]
-        k = kf.index_select(0, chunk.slots).transpose(0, 1)[None].to(q.dtype)  # [1, kvh, L, D]
-        v = vf.index_select(0, chunk.slots).transpose(0, 1)[None].to(q.dtype)
-        o = F.scaled_dot_product_attention(qc, k, v, attn_mask=chunk.bias.to(q.dtype), scale=scale,
-                                           enable_gqa=H != kvh)
-        out[chunk.start:chunk.stop] = o[0].transpose(0, 1)
+def prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PrefillBatch,
+                      scale: float) -> torch.Tensor:
+    """The step's prefill chunks in one padded SDPA: `[n, H, D]` for the tokens `batch.rows`."""
+    H, D = q.shape[1:]
+    kvh = k_cache.shape[2]
+    S, _, Q, L = batch.bias.shape
+    grid = q.new_zeros(S * Q, H, D).index_copy_(0, batch.grid, q.index_select(0, batch.rows))
+    k = k_cache.view(-1, kvh, D).index_select(0, batch.slots).view(S, L, kvh, D).transpose(1, 2).to(q.dtype)
+    v = v_cache.view(-1, kvh, D).index_select(0, batch.slots).view(S, L, kvh, D).transpose(1, 2).to(q.dtype)
+    o = F.scaled_dot_product_attention(grid.view(S, Q, H, D).transpose(1, 2), k, v, attn_mask=batch.bias.to(q.dtype),
+                                       scale=scale, enable_gqa=H != kvh)  # [S, H, Q, D]
+    return o.transpose(1, 2).reshape(S * Q, H, D).index_select(0, batch.grid)
 
 
 def _kernel_device(q: torch.Tensor) -> bool:
@@ -170,7 +172,8 @@ class AttentionBackend:
             else:
                 out = q.new_empty(q.shape)
                 out[dec.rows] = kernel(q[dec.rows], k_cache, v_cache, dec.block_tables, dec.context_lens, scale)
-                prefill_reference(q, k_cache, v_cache, meta.prefill_chunks, scale, out)
+                pre = meta.prefill_batch
+                out[pre.rows] = prefill_reference(q, k_cache, v_cache, pre, scale)
         except Exception as exc:  # e.g. a Triton/driver combination that can't compile it (old GPUs)
             self.kernel_error = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"the Triton decode kernel failed here ({self.kernel_error[:300]}); "

@@ -6,7 +6,7 @@ requests, back to back. The metadata says which tokens belong to which sequence
 slot each position lives in. It is built once per step and shared by every layer.
 
 What the attention implementations derive from it is derived here too, once per step, and then
-read by every layer: `decode_pattern` and `prefill_chunks` (the indices and masks of the plain-torch
+read by every layer: `decode_pattern` and `prefill_batch` (the indices and masks of the plain-torch
 reference) and `decode_batch` (a step's decodes, as a decode kernel takes them).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["AttentionMetadata", "DecodeBatch", "DecodePattern", "PrefillChunk"]
+__all__ = ["AttentionMetadata", "DecodeBatch", "DecodePattern", "PrefillBatch"]
 
 def _as_list(x: Any, name: str) -> list[int]:
     if isinstance(x, torch.Tensor):
@@ -46,13 +46,15 @@ class DecodePattern:
 
 
 @dataclass(frozen=True)
-class PrefillChunk:
-    """One sequence's prefill chunk: flat-batch rows `start:stop`, attending to its L cached keys."""
+class PrefillBatch:
+    """A step's prefill chunks (sequences with more than one new token), laid out for one padded
+    `scaled_dot_product_attention`: S chunks, each padded to the longest chunk (Q queries) and to the
+    longest context among them (L keys). Causal within each sequence, over its earlier chunks too."""
 
-    start: int
-    stop: int
-    slots: torch.Tensor  # [L] cache slots of the sequence's keys 0..L-1
-    bias: torch.Tensor   # [Q, L] float32 causal mask: query j (at position L - Q + j) sees keys p <= L - Q + j
+    rows: torch.Tensor   # [n] the chunks' tokens' rows in the flat batch
+    grid: torch.Tensor   # [n] where each of those tokens sits in the padded [S * Q] query grid
+    slots: torch.Tensor  # [S * L] cache slot of each chunk's sequence's key at position p (slot 0 past its context)
+    bias: torch.Tensor   # [S, 1, Q, L] float32: 0 where query j (position L_s - Q_s + j) may see key p, else -inf
 
 
 @dataclass(frozen=True)
@@ -152,17 +154,9 @@ class AttentionMetadata:
         return self._patterns[key]
 
     @cached_property
-    def prefill_chunks(self) -> list[PrefillChunk]:
-        """This step's prefill chunks (sequences with more than one new token), in batch order."""
-        dev, lens, starts = self.block_tables.device, self.context_lens_list, self.query_start_loc.tolist()
-        chunks = []
-        for i, n in enumerate(self.query_lens):
-            if n > 1:
-                L = lens[i]
-                keys, query_pos = torch.arange(L, device=dev), torch.arange(L - n, L, device=dev)
-                bias = torch.zeros(n, L, device=dev).masked_fill_(keys[None, :] > query_pos[:, None], float("-inf"))
-                chunks.append(PrefillChunk(starts[i], starts[i + 1], self.kv_slots[i, :L], bias))
-        return chunks
+    def prefill_batch(self) -> PrefillBatch | None:
+        """This step's prefill chunks for the reference (None if it has none); see `PrefillBatch`."""
+        return _prefill_batch(self)
 
     @cached_property
     def decode_batch(self) -> DecodeBatch | None:
@@ -225,3 +219,22 @@ def _decode_pattern(meta: AttentionMetadata, num_heads: int, num_kv_heads: int) 
     cols = rows_of_slots.index_select(0, e + shift.repeat_interleave(lengths)) + kv_head.repeat_interleave(lengths)
     rows = [starts[i] for i in seqs]
     return DecodePattern(torch.tensor(rows, dtype=torch.long, device=dev), all_decode, crow, cols, lengths)
+
+
+def _prefill_batch(meta: AttentionMetadata) -> PrefillBatch | None:
+    seqs = [i for i, n in enumerate(meta.query_lens) if n > 1]
+    if not seqs:
+        return None
+    dev, starts = meta.block_tables.device, meta.query_start_loc.tolist()
+    q_lens = [meta.query_lens[i] for i in seqs]
+    Q, L = max(q_lens), max(meta.context_lens_list[i] for i in seqs)
+    rows = [t for i in seqs for t in range(starts[i], starts[i + 1])]
+    grid = [k * Q + j for k, n in enumerate(q_lens) for j in range(n)]
+    idx = torch.tensor(seqs, device=dev)
+    ctx = meta.context_lens.long().index_select(0, idx)[:, None, None]  # [S, 1, 1]
+    query_pos = ctx - torch.tensor(q_lens, device=dev)[:, None, None] + torch.arange(Q, device=dev)[None, :, None]
+    keys = torch.arange(L, device=dev)[None, None, :]
+    hidden = (keys > query_pos) | (keys >= ctx)  # [S, Q, L]: after the query, or past the context
+    bias = torch.zeros(len(seqs), 1, Q, L, device=dev).masked_fill_(hidden[:, None], float("-inf"))
+    return PrefillBatch(torch.tensor(rows, device=dev), torch.tensor(grid, device=dev),
+                        meta.kv_slots.index_select(0, idx)[:, :L].reshape(-1), bias)
