@@ -115,9 +115,67 @@ def test_reference_matches_naive_on_random_ragged_batches(data, block_size, kvh,
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_decode_batch_matches_naive_and_uses_torch_on_cpu(block_size):
     q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(0), [1] * 6, [1, 7, 33, 16, 2, 20], block_size, 2, 4, 16)
-    out = attn.attention(q, kc, vc, meta, 0.25)
-    assert attn.last_backend() == "torch"
+    backend = attn.AttentionBackend()
+    out = backend(q, kc, vc, meta, 0.25)
+    assert backend.last_used == "torch"
     torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_decode_pattern_lists_each_query_rows_own_cache_rows():
+    # two decodes (contexts 3 and 2, blocks of 2) and a prefill chunk; 4 query heads over 2 kv heads
+    meta = AttentionMetadata.build([1, 3, 1], [3, 3, 2], [[5, 1], [0, 2], [3]], block_size=2)
+    pat = meta.decode_pattern(num_heads=4, num_kv_heads=2)
+    assert pat.rows.tolist() == [0, 4] and not pat.in_batch_order
+    slots = [[10, 11, 2], [6, 7]]  # block_table[p // 2] * 2 + p % 2
+    want = [[s * 2 + h // 2 for s in seq] for seq in slots for h in range(4)]  # cache row = slot * kv_heads + kv head
+    assert pat.lengths.tolist() == [len(w) for w in want]
+    assert [pat.cols[a:b].tolist() for a, b in zip(pat.crow[:-1].tolist(), pat.crow[1:].tolist())] == want
+    assert meta.decode_pattern(4, 2) is pat  # built once per step, shared by every layer
+    assert AttentionMetadata.build([2], [2], [[0]], 2).decode_pattern(4, 2) is None
+
+
+@pytest.mark.parametrize("with_prefill", [False, True])
+def test_many_decodes_of_long_tailed_lengths_match_naive(with_prefill):
+    gen = torch.Generator().manual_seed(3)
+    ctx = [int(c) for c in torch.randint(1, 300, (40,), generator=gen)]
+    ql = [1] * 40
+    if with_prefill:  # a prompt chunk in the middle of the batch and a later chunk of another prompt
+        ql[7], ctx[7] = 30, 30
+        ql[21], ctx[21] = 9, 57
+    q, kc, vc, meta = _random_batch(gen, ql, ctx, 16, 2, 2, 8)
+    torch.testing.assert_close(attn.paged_attention(q, kc, vc, meta, 0.3), _naive(q, kc, vc, meta, 0.3),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_half_precision_reference_matches_naive():
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(2), [1, 4, 1], [9, 6, 23], 4, 2, 2, 16)
+    q, kc, vc = q.bfloat16(), kc.bfloat16(), vc.bfloat16()
+    out = attn.paged_attention(q, kc, vc, meta, 0.25)
+    assert out.dtype == torch.bfloat16
+    want = _naive(q.float(), kc.float(), vc.float(), meta, 0.25)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_failing_kernel_falls_back_to_the_reference_once_and_for_all(monkeypatch):
+    calls = []
+
+    def broken_kernel(*args):
+        calls.append(1)
+        raise RuntimeError("no compiler for this GPU")
+
+    monkeypatch.setattr(attn, "_kernel_device", lambda q: True)
+    monkeypatch.setattr(attn, "_load_triton_decode", lambda: broken_kernel)
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(4), [1, 1], [5, 9], 4, 1, 2, 8)
+    backend = attn.AttentionBackend()
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        out = backend(q, kc, vc, meta, 0.5)
+    assert backend.last_used == "torch" and "no compiler" in backend.kernel_error
+    torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.5), atol=1e-5, rtol=1e-5)
+    backend(q, kc, vc, meta, 0.5)
+    assert len(calls) == 1  # not tried again by this backend ...
+    with pytest.warns(RuntimeWarning):
+        attn.AttentionBackend()(q, kc, vc, meta, 0.5)
+    assert len(calls) == 2  # ... while another model's backend keeps its own state
 
 
 def test_mixed_batch_sends_its_decodes_to_the_kernel(monkeypatch):
@@ -132,20 +190,22 @@ def test_mixed_batch_sends_its_decodes_to_the_kernel(monkeypatch):
         return _naive(q, k_cache, v_cache, meta, scale)
 
     monkeypatch.setattr(attn, "_kernel_device", lambda q: True)
-    monkeypatch.setattr(attn, "_triton_decode", lambda: fake_kernel)
+    monkeypatch.setattr(attn, "_load_triton_decode", lambda: fake_kernel)
     ql, ctx = [1, 5, 1, 1, 7], [9, 12, 3, 30, 7]
     q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(1), ql, ctx, 4, 2, 3, 8)
-    out = attn.attention(q, kc, vc, meta, 0.3)
+    backend = attn.AttentionBackend()
+    out = backend(q, kc, vc, meta, 0.3)
     assert calls == [[9, 3, 30]]  # one kernel call with every decode, none with a prefill chunk
+    assert backend.last_used == "triton"
     torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
 
 
 def test_dispatcher_rejects_bad_backend_requests():
     q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(0), [3], [3], 4, 1, 1, 8)
     with pytest.raises(ValueError, match="backend"):
-        attn.attention(q, kc, vc, meta, 1.0, backend="cuda")
+        attn.AttentionBackend("cuda")
     with pytest.raises(RuntimeError, match="decode-only"):
-        attn.attention(q, kc, vc, meta, 1.0, backend="triton")
+        attn.AttentionBackend("triton")(q, kc, vc, meta, 1.0)
     with pytest.raises(ValueError, match="multiple of"):
         attn.paged_attention(torch.randn(3, 3, 8), kc.expand(-1, -1, 2, -1), vc.expand(-1, -1, 2, -1), meta, 1.0)
 

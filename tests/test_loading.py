@@ -1,14 +1,13 @@
 """Loading Hugging Face checkpoints: the supported families, sharded weights, and clear errors."""
 import json
 import shutil
-import warnings
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from inflight.model.loading import TINY_PATH, load_config, load_pretrained, load_tiny, load_tokenizer
+from inflight.model.loading import TINY_PATH, load_pretrained, load_tiny, load_tokenizer
 from inflight.model.tokenizer import ByteTokenizer
 
 SMALL = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

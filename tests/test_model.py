@@ -8,7 +8,7 @@ from inflight.model.generate import generate
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 from inflight.model.loading import load_pretrained
-from inflight.model.llama import LlamaConfig, LlamaModel
+from inflight.model.llama import LlamaConfig
 
 ATOL = 1e-4
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

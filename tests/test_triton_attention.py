@@ -80,7 +80,6 @@ def gather_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
 
 def package_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
     """The model helper's `inflight.model.attention.paged_attention`, when it exists and accepts a decode batch."""
-    import torch
     from inflight.model.attention import paged_attention
     from inflight.model.attention_metadata import AttentionMetadata
 

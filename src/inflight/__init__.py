@@ -3,7 +3,8 @@
 The package has layers, lowest first: `model` (the decoder, attention, KV cache, loading),
 `engine` (LLMEngine and its scheduler, block manager, sequences), `sim` (Part I's torch-free
 schedulers and simulators), `bench` (`python -m inflight.bench`), `book` (plots, widgets, notebook
-conventions) and `exercises` (the graders). `checks`, `stats` and `device` are shared helpers.
+conventions) and `exercises` (the graders). `checks`, `stats`, `device` and `threads` are shared
+helpers.
 
 Names are imported lazily so that `import inflight` is instant and a chapter only pays for what
 it uses (the scheduling chapters never import torch).
@@ -11,6 +12,10 @@ it uses (the scheduling chapters never import torch).
 from __future__ import annotations
 
 from inflight._lazy import lazy_exports
+
+# Before anything loads torch: let idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE unless already
+# set), so that a machine shared with other programs does not make torch's threads spin. Stdlib only.
+from inflight import threads as _threads  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -33,6 +38,8 @@ _EXPORTS = {
     "LlamaModel": "model.llama",
     "ByteTokenizer": "model.tokenizer",
     "describe_device": "device",
+    "configure_threads": "threads",
+    "machine_load": "threads",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

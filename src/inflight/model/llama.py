@@ -13,14 +13,14 @@ separate tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from inflight.model.attention import attention
+from inflight.model.attention import AttentionBackend, write_kv
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 
@@ -150,23 +150,22 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.unflatten(-1, (self.n_heads, self.head_dim))
-        k = k.unflatten(-1, (self.n_kv, self.head_dim))
-        v = v.unflatten(-1, (self.n_kv, self.head_dim))
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        """q, k (rotated) and v of x `[..., hidden]`; cos/sin `[..., 1, head_dim]` broadcast over heads."""
+        qkv = self.qkv_proj(x)
+        qk_size = self.q_size + self.kv_size
+        # rotate q and k together: they are adjacent columns of the fused projection
+        qk = qkv[..., :qk_size].unflatten(-1, (self.n_heads + self.n_kv, self.head_dim))
+        qk = qk * cos + _rotate_half(qk) * sin
+        q, k = qk.split([self.n_heads, self.n_kv], dim=-2)
+        v = qkv[..., qk_size:].unflatten(-1, (self.n_kv, self.head_dim))
         return q, k, v
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache):
+    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache, backend: AttentionBackend):
         """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
-        from inflight.model.attention import write_kv
-
         q, k, v = self._qkv(x, cos, sin)
         kc, vc = kv_cache.k_cache[self.layer_idx], kv_cache.v_cache[self.layer_idx]
         write_kv(kc, vc, k, v, meta.slot_mapping)
-        out = attention(q, kc, vc, meta, self.scale)
+        out = backend(q, kc, vc, meta, self.scale)
         return self.o_proj(out.flatten(-2))
 
     def forward_dense(self, x, cos, sin):
@@ -197,8 +196,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
+    def forward(self, x, cos, sin, meta, kv_cache, backend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward_dense(self, x, cos, sin):
@@ -220,6 +219,9 @@ class LlamaModel(nn.Module):
         self.tie_weights()
         # a plain attribute, not a buffer: model.to(bfloat16) must not round the rotary frequencies
         self._inv_freq = _rope_inv_freq(config)
+        # which attention implementation runs ("auto": the Triton decode kernel on CUDA, else the
+        # plain-torch reference); it records the one that ran last (`.last_used`)
+        self.attention_backend = AttentionBackend("auto")
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the config says so (again after `to_empty`)."""
@@ -241,7 +243,7 @@ class LlamaModel(nn.Module):
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         freqs = positions.float()[..., None] * self._inv_freq  # float32, as HF does
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]  # [..., 1, head_dim]: broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
@@ -256,9 +258,9 @@ class LlamaModel(nn.Module):
         if kv_cache.num_layers != len(self.layers):
             raise ValueError(f"KV cache has {kv_cache.num_layers} layers, model has {len(self.layers)}")
         x = self.embed_tokens(input_ids)
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
         for layer in self.layers:
-            x = layer(x, cos, sin, meta, kv_cache)
+            x = layer(x, cos, sin, meta, kv_cache, self.attention_backend)
         if logits_indices is not None:
             x = x[logits_indices]  # the LM head only where a token will be sampled
         return self.lm_head(self.norm(x)).float()

@@ -1,0 +1,218 @@
+"""CPU threads: how torch should use the cores, and whether other programs are using them too.
+
+torch runs its CPU operators on a team of OpenMP threads (GNU OpenMP in PyTorch's Linux wheels).
+Between two parallel regions an idle member of the team *spins*, waiting for work, before it goes
+to sleep; at the end of every region all members wait for the slowest. On an idle machine that is
+fast. On a busy one it collapses: when another program holds a core, one of torch's threads is
+descheduled, every parallel region waits at its barrier until it runs again, and meanwhile the
+spinning threads burn the CPU time the descheduled one needs. `OMP_WAIT_POLICY=PASSIVE` makes idle
+threads sleep at once instead.
+
+OpenMP reads that variable once, when torch's library loads, so it has to be in the environment
+*before* `import torch`: `import inflight` sets it (unless it is already set) when torch is not
+loaded yet — the chapters and `python -m inflight.bench` import inflight first.
+`configure_threads()` then picks the number of threads for this process: every core when idle
+threads sleep, one thread when they would spin (torch was imported first, or you chose another
+policy), because one thread has no barrier to wait at. `machine_load()` says whether other programs
+compete for the cores, so that a measurement taken on a busy machine can be flagged as such.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "passive_wait_in_effect",
+           "BUSY_RUNNABLE"]
+
+WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
+#: a machine is "busy" when, on average, at least this many other threads were runnable (or other
+#: programs kept this many cores busy during a run)
+BUSY_RUNNABLE = 0.5
+
+# Recorded once, when `import inflight` runs this module: what OpenMP will see when torch loads.
+_POLICY_BEFORE_INFLIGHT = os.environ.get(WAIT_POLICY_VAR)
+_TORCH_LOADED_BEFORE_INFLIGHT = "torch" in sys.modules
+if not _TORCH_LOADED_BEFORE_INFLIGHT:
+    os.environ.setdefault(WAIT_POLICY_VAR, "PASSIVE")
+
+
+def passive_wait_in_effect() -> bool:
+    """Whether torch's OpenMP threads sleep when idle: PASSIVE was set before torch loaded (by you in
+    the environment, or by `import inflight` before `import torch`)."""
+    if _POLICY_BEFORE_INFLIGHT is not None:  # set before inflight ran: assume before torch loaded, too
+        return _POLICY_BEFORE_INFLIGHT.strip().upper() == "PASSIVE"
+    return not _TORCH_LOADED_BEFORE_INFLIGHT
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ThreadConfig:
+    """What `configure_threads` chose, and why."""
+
+    threads: int
+    cores: int
+    passive_wait: bool
+    reason: str
+
+
+def configure_threads(threads: int | None = None) -> ThreadConfig:
+    """Set torch's intra-op threads for this process and say why (`threads` overrides the policy).
+
+    The policy: all usable cores when idle OpenMP threads sleep (`passive_wait_in_effect()`), else one
+    thread — with spinning idle threads, any program sharing the machine makes a multi-threaded run
+    collapse, while one thread degrades gracefully to its fair share of a core."""
+    import torch
+
+    cores = _usable_cores()
+    passive = passive_wait_in_effect()
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        reason = "asked for"
+    elif passive:
+        threads, reason = cores, f"{WAIT_POLICY_VAR}=PASSIVE: idle threads sleep, so every core can be used"
+    else:
+        threads, reason = 1, (f"torch was loaded before {WAIT_POLICY_VAR}=PASSIVE could be set (import "
+                              "inflight first): one thread, which has no barrier to spin at")
+    torch.set_num_threads(threads)
+    return ThreadConfig(threads, cores, passive, reason)
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """How busy the machine is right now, apart from this process."""
+
+    cores: int
+    loadavg: tuple[float, float, float]  # 1, 5 and 15 minutes (this process included when it ran)
+    other_runnable: float                # mean number of *other* runnable threads over the sampling
+    cpu_pressure: float | None = None    # Linux PSI: % of the last 10 s some task waited for a CPU
+    runnable_names: list[str] = field(default_factory=list)  # the other runnable processes, at one sample
+
+    @property
+    def busy(self) -> bool:
+        """Other programs compete for the cores: numbers measured now are not this program's alone."""
+        return self.other_runnable >= BUSY_RUNNABLE
+
+    def as_dict(self) -> dict:
+        return {"cores": self.cores, "loadavg": list(self.loadavg), "other_runnable": self.other_runnable,
+                "cpu_pressure": self.cpu_pressure, "runnable_names": self.runnable_names, "busy": self.busy}
+
+
+def machine_load(seconds: float = 0.2, samples: int = 10) -> MachineLoad:
+    """Sample how many other threads are runnable (Linux: `/proc/loadavg`, which counts the sampling
+    thread itself; elsewhere the 1-minute load average stands in) over `seconds`."""
+    counts = []
+    for i in range(samples):
+        running = _running_threads()
+        if running is None:
+            break
+        counts.append(max(0, running - 1))  # minus the thread that is reading
+        if i + 1 < samples:
+            time.sleep(seconds / samples)
+    try:
+        avg = tuple(float(x) for x in os.getloadavg())
+    except (AttributeError, OSError):
+        avg = (0.0, 0.0, 0.0)
+    others = sum(counts) / len(counts) if counts else avg[0]
+    return MachineLoad(_usable_cores(), avg, others, _cpu_pressure(), _runnable_names())
+
+
+def _running_threads() -> int | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu_pressure() -> float | None:
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    fields = dict(kv.split("=") for kv in some[1:] if "=" in kv)
+    return float(fields["avg10"]) if "avg10" in fields else None
+
+
+def _runnable_names() -> list[str]:
+    """Names of the other processes that are running or runnable now (Linux; empty elsewhere)."""
+    names = []
+    me = os.getpid()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+    except OSError:
+        return names
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:]
+        if rest[:1] == "R":
+            names.append(name)
+    return sorted(names)
+
+
+def _busy_jiffies() -> int | None:
+    """CPU time (clock ticks) all cores spent on anything but idling, since boot (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    guest = sum(fields[8:10]) if len(fields) > 9 else 0  # already counted in user/nice
+    return sum(fields) - idle - guest
+
+
+class LoadWatch:
+    """Watches a measurement: the machine's load before and after, and how many cores *other*
+    programs kept busy while it ran (all cores' busy time from /proc/stat, minus this process's).
+
+        with LoadWatch() as watch:
+            run_the_benchmark()
+        watch.busy, watch.as_dict()
+    """
+
+    def __init__(self, sample_seconds: float = 0.2):
+        self.sample_seconds = sample_seconds
+        self.before: MachineLoad | None = None
+        self.after: MachineLoad | None = None
+        self.wall_seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.other_cores: float | None = None
+
+    def __enter__(self) -> "LoadWatch":
+        self.before = machine_load(self.sample_seconds)
+        self._t0, self._c0, self._j0 = time.perf_counter(), time.process_time(), _busy_jiffies()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_seconds = time.perf_counter() - self._t0
+        self.cpu_seconds = time.process_time() - self._c0
+        j1 = _busy_jiffies()
+        if self._j0 is not None and j1 is not None and self.wall_seconds > 0:
+            busy = (j1 - self._j0) / os.sysconf("SC_CLK_TCK")
+            self.other_cores = max(0.0, busy - self.cpu_seconds) / self.wall_seconds
+        self.after = machine_load(self.sample_seconds)
+
+    @property
+    def busy(self) -> bool:
+        """Other programs competed for the cores before, during or after the measurement."""
+        during = self.other_cores is not None and self.other_cores >= BUSY_RUNNABLE
+        return during or bool(self.before and self.before.busy) or bool(self.after and self.after.busy)
+
+    def as_dict(self) -> dict:
+        return {"busy": self.busy, "other_cores_during": self.other_cores, "wall_s": self.wall_seconds,
+                "cpu_s": self.cpu_seconds, "before": self.before.as_dict() if self.before else None,
+                "after": self.after.as_dict() if self.after else None}
