@@ -69,6 +69,14 @@ def test_layers_import_only_downward():
     assert not bad, "layer rule broken:\n" + "\n".join(bad)
 
 
+def test_root_modules_import_no_layer():
+    # checks, stats, device, threads, blocks: the common ground every layer stands on
+    layers = tuple(f"inflight.{d.name}" for d in PKG.iterdir() if d.is_dir() and (d / "__init__.py").exists())
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {imported}" for p in PKG.glob("*.py") if p.name != "__init__.py"
+           for imported, line in _imports(p) if any(imported == f or imported.startswith(f + ".") for f in layers)]
+    assert not bad, "a root module imports a layer:\n" + "\n".join(bad)
+
+
 def test_sim_imports_no_torch_even_indirectly():
     mods = _modules()
     seen, stack = set(), [m for m in mods if m.startswith("inflight.sim")]

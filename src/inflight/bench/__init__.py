@@ -5,7 +5,9 @@ workloads of `inflight.sim.workloads`), `record` (`RunRecord`, the arrival clock
 sequential / static / contiguous / paged runs), `peers` (transformers), `metrics` (summaries,
 ideal speedup, device limits, targets), `report` (table, text, JSON), `suite` (the whole run),
 `models` (which model to serve), `__main__` (the CLI); `attention`, `prefix` and `profiling` are
-the paged-KV chapter's, the sharing chapter's and the shared instruments.
+the paged-KV chapter's, the sharing chapter's and the shared instruments. Two more have their own
+command line: `busy` (the engine on a quiet machine and with one competitor per core, per thread
+setting) and `soak` (100,000 requests through one engine: memory stays flat).
 
 `from inflight import bench` gives the names a chapter uses (`bench.run_benchmark`,
 `bench.BenchConfig`, `bench.format_table`, ...), imported lazily from the module that defines them.
@@ -26,6 +28,7 @@ _EXPORTS = {
     "format_table": "report", "format_report": "report", "save_results": "report",
     "run_mode": "suite", "run_checked": "suite", "run_benchmark": "suite",
     "random_model": "models", "load_model": "models",
+    "run_busy_benchmark": "busy",
 }
 
 __all__ = sorted(_EXPORTS)

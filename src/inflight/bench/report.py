@@ -34,10 +34,14 @@ def format_table(modes: dict[str, dict[str, Any]]) -> str:
             continue
         ttft = f"{_f(v['ttft_p50_s'], '.0f', 1e3)}/{_f(v['ttft_p99_s'], '.0f', 1e3)}"
         tpot = f"{_f(v['tpot_p50_s'], '.1f', 1e3)}/{_f(v['tpot_p99_s'], '.1f', 1e3)}"
+        title = title[:28] + (" !" if v.get("machine_busy") else "")  # ! : other programs competed for the cores
         lines.append(f"{title:30} {_f(v['tokens_per_s'], '8.0f')} {_f(v['requests_per_s'], '7.2f')} {ttft:>17} "
                      f"{tpot:>16} {_f(v['mean_batch'], '6.1f')} {_f(v['kv_allocated_bytes'], '7.1f', 2**-20)} "
                      f"{_f(v['kv_used_share'], '7.0%')} {_f(v['peak_memory_bytes'], '8.0f', 2**-20)} "
                      f"{_f(v['outside_forward_share'], '7.0%')}")
+    if any(v.get("machine_busy") for v in modes.values()):
+        lines.append("! the machine was busy during this run (other programs competed for the cores): "
+                     "its speed is not comparable with a quiet run")
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from inflight.bench.prompts import Workload, make_workload, with_poisson_arrival
 from inflight.bench.record import RunRecord, kv_bytes_per_token
 from inflight.bench.runners import run_engine, run_static
 from inflight.device import describe_device
+from inflight.threads import LoadWatch, configure_threads
 
 __all__ = ["run_mode", "run_checked", "run_benchmark"]
 
@@ -67,8 +68,10 @@ def run_checked(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[
     key = ref_key or w.name
     title = MODE_TITLES.get(mode, mode)
     load_before = _loadavg()
+    watch = LoadWatch()
     try:
-        rec = run_mode(mode, setup, w)
+        with watch:
+            rec = run_mode(mode, setup, w)
     except Exception as exc:
         err = f"{type(exc).__name__}: {exc}"
         log(f"  {title} on {w.name}: unavailable — {err}")
@@ -82,6 +85,12 @@ def run_checked(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[
     out = summarize(rec, w, mismatch)
     # other processes on the machine skew timings: keep the 1-minute load average around each run
     out["loadavg_1min"] = [load_before, _loadavg()]
+    # ... and how many cores other programs kept busy while it ran: a busy run's speed is not the engine's alone
+    out["machine_busy"] = watch.busy
+    out["other_cores_during"] = watch.other_cores
+    if watch.busy:
+        log(f"  {title} on {w.name}: the machine was busy (other programs kept {watch.other_cores or 0:.1f} "
+            "core(s) busy): its speed is not comparable with a quiet run")
     return out
 
 
@@ -93,13 +102,13 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True, lo
     bad = [m for m in cfg.modes + cfg.online_modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown mode(s) {bad}; choose from {MODES}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads = configure_threads(cfg.threads or None)  # the thread policy of inflight.threads, or what was asked
     torch.manual_seed(cfg.seed)
     bm = (load_model(cfg.model, cfg.device, cfg.dtype, cfg.seed) if model is None
           else BenchModel(model, describe_model(model)))
     setup = _setup(cfg, bm.model)
     results = _header(cfg, bm, setup)
+    results["machine"]["threads"] = asdict(threads)
     lt, plan = _plan(cfg, bm.model.config.vocab_size, setup.max_len)
     online = len(cfg.rate_fractions) * len(cfg.online_modes) if "online" in cfg.workloads else 0
     refs: dict[str, dict[str, list[int]]] = {}

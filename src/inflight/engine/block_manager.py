@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Iterable, Iterator, Sequence
 
+from inflight.blocks import blocks_needed  # re-exported: the allocator's readers look for it here
 from inflight.checks import INT64_MAX, integer, show
 
 __all__ = ["BlockAllocator", "FreeList", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity"]
@@ -27,17 +28,6 @@ __all__ = ["BlockAllocator", "FreeList", "NoFreeBlocksError", "blocks_needed", "
 
 class NoFreeBlocksError(RuntimeError):
     """Raised when a request asks for more blocks than are free right now (it may fit later)."""
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size), 0 for 0 tokens.
-
-    The engine asks this for every running request at every step, so plain non-negative ints take
-    a fast path; anything else goes through the package's checks (and is refused if it isn't one)."""
-    if not (type(num_tokens) is int and type(block_size) is int and num_tokens >= 0 and block_size >= 1):
-        num_tokens = integer("num_tokens", num_tokens, minimum=0)
-        block_size = integer("block_size", block_size, minimum=1)
-    return -(-num_tokens // block_size)  # integer ceil, no float rounding
 
 
 def slot_mapping(block_table: Sequence[int], positions: Iterable[int], block_size: int) -> list[int]:

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import torch
 
+from inflight.blocks import blocks_needed
+
 __all__ = ["AttentionMetadata", "DecodeBatch", "DecodePattern", "PrefillBatch"]
 
 def _as_list(x: Any, name: str) -> list[int]:
@@ -168,7 +170,7 @@ class AttentionMetadata:
         if len(seqs) == self.num_seqs:
             return DecodeBatch(torch.arange(len(seqs), device=dev), self.block_tables, self.context_lens)
         idx = torch.tensor(seqs, device=dev)
-        width = -(-max(self.context_lens_list[i] for i in seqs) // self.block_size)
+        width = blocks_needed(max(self.context_lens_list[i] for i in seqs), self.block_size)
         return DecodeBatch(self.query_start_loc.long().index_select(0, idx),
                            self.block_tables.index_select(0, idx)[:, :width].contiguous(),
                            self.context_lens.index_select(0, idx))
@@ -188,7 +190,7 @@ def _check_batch(q: list[int], c: list[int], tables: list[list[int]], block_size
         if cl < ql:
             raise ValueError(f"sequence {i}: context_len {cl} < query_len {ql} (context_lens count the "
                              "tokens in the cache after this step, new tokens included)")
-        need = -(-cl // block_size)
+        need = blocks_needed(cl, block_size)
         if len(table) < need:
             raise ValueError(f"sequence {i}: {cl} tokens need {need} blocks of {block_size}, "
                              f"its block table has {len(table)}")

@@ -1,0 +1,32 @@
+"""`python -m inflight.bench.busy`: each variant runs in its own process with the thread setting it
+names, and the report holds quiet and busy figures (no timing is asserted: that is the benchmark's job)."""
+from __future__ import annotations
+
+import pytest
+
+from inflight.bench import busy
+
+
+def test_unknown_variant_is_named():
+    with pytest.raises(ValueError, match="unknown variant 'fast'"):
+        busy.run_variant("fast", 2, 0)
+
+
+def test_bad_request_count_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        busy.main(["-n", "0"])
+    assert "--num-requests must be >= 1" in capsys.readouterr().err
+
+
+def test_spin_variant_loads_torch_before_inflight():
+    # the tricky one: `import inflight` would set PASSIVE, so the child must load torch first
+    out = busy.run_variant("spin", 2, 0)
+    assert out["passive_wait"] is False and out["tokens_per_s"] > 0 and out["wall_s"] > 0
+
+
+def test_report_has_both_runs_and_the_target_on_the_default():
+    res = busy.run_busy_benchmark(2, ["inflight"], competitors=1, log=lambda s: None)
+    v = res["variants"]["inflight"]
+    assert v["kept"] == pytest.approx(v["busy"]["tokens_per_s"] / v["quiet"]["tokens_per_s"])
+    assert v["quiet"]["passive_wait"] is True and v["busy"]["passive_wait"] is True
+    assert res["target"]["keep_at_least"] == busy.KEEP_TARGET and res["competitors"] == 1
