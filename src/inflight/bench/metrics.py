@@ -137,8 +137,10 @@ def ideal_speedup(workload: Workload, batch_size: int) -> dict[str, Any]:
 def device_limits(model: Any, mean_context: float, batch_sizes: dict[str, float], measure_seconds: float = 0.5
                   ) -> dict[str, Any]:
     """What the hardware allows this model: a compute roof (measured matmul FLOP/s over FLOPs per
-    token) and, per batch size, a bandwidth roof (weights + the batch's KV read once per step)."""
-    from inflight.bench.profiling import measure_matmul_flops, measure_memory_bandwidth, model_flops_per_token
+    token) and, per batch size, a bandwidth roof (weights + the batch's KV read once per step) and the
+    rate of the model's linear layers alone at that batch (what its shapes allow, nothing else counted)."""
+    from inflight.bench.profiling import (measure_linear_layers, measure_matmul_flops, measure_memory_bandwidth,
+                                          model_flops_per_token)
 
     dev = model.device
     flops = measure_matmul_flops(dev, model.dtype if model.dtype != torch.float16 or dev.type == "cuda"
@@ -152,9 +154,12 @@ def device_limits(model: Any, mean_context: float, batch_sizes: dict[str, float]
         if not b:
             continue
         step_bytes = weight_bytes + b * mean_context * bpt
+        rows = max(1, round(b))
         roofs[name] = {"batch": b, "bytes_per_step": step_bytes,
                        "bandwidth_roof_tokens_per_s": b * bw / step_bytes,
-                       "roof_tokens_per_s": min(flops / fpt, b * bw / step_bytes)}
+                       "roof_tokens_per_s": min(flops / fpt, b * bw / step_bytes),
+                       # the linear layers alone at this batch: the ceiling of this model's shapes
+                       "linear_layers_tokens_per_s": rows / measure_linear_layers(model, rows, min_seconds=measure_seconds / 2)}
     return {"matmul_flops_per_s": flops, "memory_bytes_per_s": bw, "model_flops_per_token": fpt,
             "mean_context": mean_context, "weight_bytes": weight_bytes, "kv_bytes_per_token": bpt,
             "compute_roof_tokens_per_s": flops / fpt, "per_mode": roofs}

@@ -170,6 +170,25 @@ def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype 
     return 2 * n**3 / t
 
 
+def measure_linear_layers(model: torch.nn.Module, batch: int, repeats: int = 10, min_seconds: float = 0.2) -> float:
+    """Seconds one step of `batch` tokens spends in the model's own linear layers alone (every
+    `nn.Linear`, at its real shape, one after another): the step time if attention, norms and every
+    other operator were free. Small layers multiply far below the n×n roof, so this — not
+    `measure_matmul_flops` — is the ceiling a model this shape can reach at this batch."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not linears or batch < 1:
+        raise ValueError(f"need a model with linear layers and batch >= 1 (got {len(linears)} layers, batch {batch})")
+    p = next(model.parameters())
+    xs = [torch.randn(batch, m.in_features, device=p.device, dtype=p.dtype) for m in linears]
+
+    def step() -> None:
+        for m, x in zip(linears, xs):
+            m(x)
+
+    with torch.inference_mode():
+        return _best_time(step, p.device, repeats, min_seconds)
+
+
 def measure_memory_bandwidth(device: torch.device | str = "cpu", nbytes: int | None = None, repeats: int = 10,
                              min_seconds: float = 0.5) -> float:
     """Best measured copy rate (bytes read + written per second) of a buffer much larger than the caches."""

@@ -102,8 +102,12 @@ def _limits_lines(lim: dict[str, Any], modes: dict[str, Any]) -> list[str]:
                f"MFLOP/token → compute roof {lim['compute_roof_tokens_per_s']:.0f} tok/s"]
     for m, r in lim["per_mode"].items():
         frac = modes.get(m, {}).get("fraction_of_roof")
+        lin = r.get("linear_layers_tokens_per_s")
+        tps = modes.get(m, {}).get("tokens_per_s")
         out.append(f"  {MODE_TITLES.get(m, m):30} batch {r['batch']:5.1f}: roof {r['roof_tokens_per_s']:8.0f} "
-                   f"tok/s, achieved {_f(frac, '.1%')}")
+                   f"tok/s, achieved {_f(frac, '.1%')}; linear layers alone {_f(lin, '.0f')} tok/s "
+                   f"({_f(lin / r['roof_tokens_per_s'] if lin else None, '.0%')} of the roof), achieved "
+                   f"{_f(tps / lin if lin and tps else None, '.0%')} of that")
     return out
 
 
