@@ -46,6 +46,11 @@ def mutant_qkv(cfg, nbytes):
     return (1 + 2) * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * nbytes
 
 
+def mutant_head_dim_from_hidden(cfg, nbytes):
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * nbytes
+
+
 def mutant_values_not_bytes(cfg, nbytes):
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
 
@@ -58,6 +63,7 @@ def mutant_values_not_bytes(cfg, nbytes):
     (mutant_bits, "bits instead of bytes"),
     (mutant_qkv, "counted Q too"),
     (mutant_values_not_bytes, "forgot the bytes"),
+    (mutant_head_dim_from_hidden, "head_dim from hidden_size"),
 ])
 def test_mutants_rejected_with_the_right_explanation(mutant, mistake):
     result = check_kv_bytes_per_token(mutant, quiet=True)

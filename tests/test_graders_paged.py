@@ -195,7 +195,29 @@ class NegativeIds(StackAllocator):
                 self.free_list.append(b)
 
 
+class CheckAsYouGo(StackAllocator):
+    def free(self, blocks):
+        for b in blocks:
+            if b < 0 or b >= self.num_blocks or not self.ref_counts[b]:
+                raise ValueError(b)
+            self.ref_counts[b] -= 1
+            if not self.ref_counts[b]:
+                self.free_list.append(b)
+
+
+class OneError(StackAllocator):
+    def allocate(self, n):
+        if n > len(self.free_list):
+            raise NoFreeBlocksError("not enough")
+        taken = [self.free_list.pop() for _ in range(n)]
+        for b in taken:
+            self.ref_counts[b] = 1
+        return taken
+
+
 @pytest.mark.parametrize("cls,mistake", [
+    (CheckAsYouGo, "free() not all-or-nothing"),
+    (OneError, "one error for both limits"),
     (Leaky, "leaking blocks on free"),
     (Peeker, "handing out a block twice"),
     (Trusting, "no double-free check"),

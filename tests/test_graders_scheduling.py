@@ -96,6 +96,33 @@ class ContReturnsSurvivors(Learner):
         return sorted(self.running)
 
 
+class LateTick(Learner):  # drops a request when it is already at 0, i.e. one step after its last token
+    def tick(self):
+        ids = sorted(self.running)
+        for rid in ids:
+            if self.running[rid][0] == 0:
+                del self.running[rid]
+            else:
+                self.running[rid][0] -= 1
+        return ids
+
+
+class ContLateRetire(LateTick):
+    def step(self):
+        while self.queue and len(self.running) < self.max_batch_size:
+            rid, n, c = self.queue.pop(0)
+            self.running[rid] = [n, c]
+        return self.tick()
+
+
+class ContExtraSlot(Learner):
+    def step(self):
+        while self.queue and len(self.running) <= self.max_batch_size:
+            rid, n, c = self.queue.pop(0)
+            self.running[rid] = [n, c]
+        return self.tick()
+
+
 CONTINUOUS_MUTANTS = [
     (ContAdmitLate, "admit after processing"),
     (ContSameStepReuse, "slot reused within the step"),
@@ -103,6 +130,8 @@ CONTINUOUS_MUTANTS = [
     (ContDrainFirst, "no immediate refill"),
     (ContStack, "LIFO admission"),
     (ContReturnsSurvivors, "finished requests not reported"),
+    (ContLateRetire, "one token too many"),
+    (ContExtraSlot, "one slot too many"),
 ]
 
 
@@ -160,6 +189,24 @@ class StaticSurvivors(Learner):
         return sorted(self.running)
 
 
+class StaticLateRetire(LateTick):
+    def step(self):
+        if not self.running:
+            while self.queue and len(self.running) < self.max_batch_size:
+                rid, n, c = self.queue.pop(0)
+                self.running[rid] = [n, c]
+        return self.tick()
+
+
+class StaticNewestFirst(Learner):
+    def step(self):
+        if not self.running:
+            for _ in range(min(self.max_batch_size, len(self.queue))):
+                rid, n, c = self.queue.pop()
+                self.running[rid] = [n, c]
+        return self.tick()
+
+
 STATIC_MUTANTS = [
     (StaticRefillsEarly, "refills before the batch drains"),
     (StaticLateBatch, "new batch not processed in its first step"),
@@ -167,6 +214,8 @@ STATIC_MUTANTS = [
     (StaticSingleton, "one request per batch"),
     (StaticInsertionOrder, "unsorted ids"),
     (StaticSurvivors, "finished requests not reported"),
+    (StaticLateRetire, "one token too many"),
+    (StaticNewestFirst, "LIFO admission"),
 ]
 
 
@@ -240,6 +289,16 @@ class MemStrictLess(Learner):
         return self.tick()
 
 
+class MemStopsWhenFull(Learner):  # admits while any memory is left, whatever the newcomer costs
+    def step(self):
+        while self.queue and len(self.running) < self.max_batch_size:
+            if self.max_memory is not None and self.memory() >= self.max_memory:
+                break
+            rid, n, c = self.queue.pop(0)
+            self.running[rid] = [n, c]
+        return self.tick()
+
+
 MEMORY_MUTANTS = [
     (MemFirstFit, "skipping ahead"),
     (MemOvershoot, "memory checked after admission"),
@@ -247,6 +306,7 @@ MEMORY_MUTANTS = [
     (MemNoneIsZero, "max_memory=None treated as zero"),
     (MemSlotsOnly, "memory ignored"),
     (MemStrictLess, "exact fit rejected"),
+    (MemStopsWhenFull, "budget checked without the newcomer's cost"),
 ]
 
 

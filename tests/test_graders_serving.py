@@ -69,6 +69,29 @@ def mutant_latency_per_token(timeline):
     return {"ttft": ttft, "tpot": tpot, "throughput": total / (t1 - t0)}
 
 
+def mutant_gaps_over_count_keeps_none(timeline):  # the n-vs-(n - 1) slip alone: one token still gives None
+    ttft, tpot, total, t0, t1 = _base(timeline)
+    for r in timeline:
+        ts = r["token_times"]
+        if len(ts) > 1:
+            tpot[r["id"]] = (ts[-1] - ts[0]) / len(ts)
+    return {"ttft": ttft, "tpot": tpot, "throughput": total / (t1 - t0)}
+
+
+def mutant_latency_per_token_keeps_none(timeline):
+    ttft, tpot, total, t0, t1 = _base(timeline)
+    for r in timeline:
+        if tpot[r["id"]] is not None:
+            tpot[r["id"]] = (r["token_times"][-1] - r["arrival"]) / len(r["token_times"])
+    return {"ttft": ttft, "tpot": tpot, "throughput": total / (t1 - t0)}
+
+
+def mutant_span_from_first_token(timeline):
+    ttft, tpot, total, t0, t1 = _base(timeline)
+    first = min(r["token_times"][0] for r in timeline)
+    return {"ttft": ttft, "tpot": tpot, "throughput": total / (t1 - first)}
+
+
 def mutant_absolute_first_token(timeline):
     ttft, tpot, total, t0, t1 = _base(timeline)
     ttft = {r["id"]: r["token_times"][0] for r in timeline}
@@ -106,6 +129,9 @@ def mutant_zero_for_single(timeline):
     (mutant_average_rate, "mean of per-request rates"),
     (mutant_span_from_zero, "span from the clock's zero"),
     (mutant_zero_for_single, "tpot of one token is zero"),
+    (mutant_gaps_over_count_keeps_none, "tpot divided by n"),
+    (mutant_latency_per_token_keeps_none, "tpot includes the wait"),
+    (mutant_span_from_first_token, "span from the first token"),
 ])
 def test_mutants_are_caught_and_explained(mutant, mistake):
     res = check_serving_metrics(mutant, quiet=True)

@@ -132,6 +132,13 @@ def test_prefix_hit_rejects_a_different_hash_without_a_named_mistake():
     assert not r and "expected" in r.report
 
 
+def test_prefix_hit_report_shows_the_token_count():
+    # the count is often the only difference: the keys must not push it off the report's line
+    r = check_prefix_hit(m_all_cached, quiet=True)
+    assert not r and str(r.expected[1]) in r.report.splitlines()[2]
+    assert len(r.report.splitlines()[2]) < 200
+
+
 def test_prefix_hit_stub():
     assert check_prefix_hit(_stub, quiet=True).not_implemented
 
@@ -180,6 +187,14 @@ def v_last_in_list(running):
     return running[len(running) - 1][0]
 
 
+def v_tie_to_first(running):  # right on priority and arrival; a full tie goes to the first listed
+    best = None
+    for rid, p, a in running:
+        if best is None or (p, a) > best[:2]:
+            best = (p, a, rid)
+    return best[2]
+
+
 def v_oldest(running):
     return sorted(running, key=lambda x: x[2])[0][0]
 
@@ -191,6 +206,7 @@ def v_oldest(running):
     (v_first_lowest, "arrival ignored"),
     (v_last_in_list, "the last one admitted"),
     (v_oldest, "the oldest request"),
+    (v_tie_to_first, "a full tie goes to the first listed"),
 ])
 def test_choose_victim_rejects_mutants(fn, mistake):
     r = check_choose_victim(fn, quiet=True)

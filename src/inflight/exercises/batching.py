@@ -73,6 +73,11 @@ MISTAKES = [
             "counts bits.", lambda c, b: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * b * 8),
     Mistake("counted Q too", "queries are used once and thrown away; only K and V are cached (factor 2, not 3).",
             lambda c, b: 3 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * b),
+    Mistake("head_dim from hidden_size", "some models (Gemma, for one) have `head_dim` x heads != "
+            "`hidden_size`, so `hidden_size // num_attention_heads` is not the head width: read "
+            "`config.head_dim`.",
+            lambda c, b: (2 * c.num_hidden_layers * c.num_key_value_heads
+                          * (c.hidden_size // c.num_attention_heads) * b)),
     Mistake("forgot the bytes", "the formula counts values; multiply by `bytes_per_value` to get bytes.",
             lambda c, b: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim),
 ]

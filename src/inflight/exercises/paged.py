@@ -104,6 +104,7 @@ def check_slot_mapping(fn: Callable[[list, list, int], list], *, quiet: bool = F
 #   ("share", h)          incref handle h's blocks (now it must be freed twice)
 #   ("refree", h)         free handle h again right after its last free: a double free
 #   ("free_ids", [ids])   free raw ids (unknown ones)
+#   ("free_bad", h)       free handle h's blocks plus one unknown id: raises, and frees nothing
 Script = Sequence[tuple]
 
 
@@ -173,6 +174,8 @@ class _Replay:
                 self.alloc.free(list(self.last_freed[op[1]]))
             elif kind == "free_ids":
                 self.alloc.free(list(op[1]))
+            elif kind == "free_bad":
+                self.alloc.free(list(self.handles[op[1]][0]) + [self.num_blocks])
             else:  # pragma: no cover - a bug in a script
                 raise AssertionError(f"unknown op {op!r}")
             return ("ok",)
@@ -202,7 +205,8 @@ def _show(op: tuple) -> str:
         return f"allocate({op[1]})"
     if op[0] == "free_ids":
         return f"free({list(op[1])})"
-    return {"free": "free(h{})", "share": "incref(h{})", "refree": "free(h{}) again"}[op[0]].format(op[1])
+    return {"free": "free(h{})", "share": "incref(h{})", "refree": "free(h{}) again",
+            "free_bad": "free(h{} + [an id outside the pool])"}[op[0]].format(op[1])
 
 
 def _describe_script(num_blocks: int, script: Script) -> str:
@@ -262,6 +266,7 @@ def _allocator_cases() -> list[Case]:
         ("a failed allocation takes nothing", 6, [("alloc", 4), ("alloc", 3), ("alloc", 2), ("free", 2), ("alloc", 6)]),
         ("double free", 6, [("alloc", 2), ("alloc", 2), ("free", 0), ("refree", 0), ("alloc", 4)]),
         ("freeing a block that does not exist", 6, [("alloc", 2), ("free_ids", [6]), ("free_ids", [-1]), ("alloc", 4)]),
+        ("a free() that raises frees nothing", 4, [("alloc", 2), ("free_bad", 0), ("free", 0), ("alloc", 4)]),
         ("a shared block stays in use until its last holder frees it", 4,
          [("alloc", 2), ("share", 0), ("free", 0), ("alloc", 2), ("alloc", 1), ("free", 0), ("alloc", 2)]),
         ("no block is handed out twice", 10, [("alloc", 3), ("alloc", 3), ("alloc", 3), ("free", 1), ("alloc", 4), ("alloc", 1)]),

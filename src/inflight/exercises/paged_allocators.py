@@ -83,10 +83,9 @@ class _HandsOutTwice(ReferenceAllocator):
 
 class _NoDoubleFreeCheck(ReferenceAllocator):
     def free(self, blocks):
-        for b in blocks:
+        for b in blocks:  # one pass, as a free() without the count check usually is
             if not 0 <= b < self.num_blocks:
                 raise ValueError(b)
-        for b in blocks:
             self.ref_counts[b] = max(0, self.ref_counts[b] - 1)
             if self.ref_counts[b] == 0:
                 self.free_list.append(b)
@@ -123,6 +122,23 @@ class _NoLimitChecks(ReferenceAllocator):
         return out
 
 
+class _FreeNotAtomic(ReferenceAllocator):
+    def free(self, blocks):
+        for b in blocks:  # checked one by one while freeing: a bad id late in the list raises too late
+            if not 0 <= b < self.num_blocks or self.ref_counts[b] == 0:
+                raise ValueError(b)
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_list.append(b)
+
+
+class _OneErrorForBoth(ReferenceAllocator):
+    def allocate(self, n):
+        if n > len(self.free_list):
+            raise NoFreeBlocksError(n)  # also when n > num_blocks, which can never fit
+        return super().allocate(n)
+
+
 class _UnknownIdNotChecked(ReferenceAllocator):
     def free(self, blocks):
         for b in blocks:
@@ -151,6 +167,12 @@ ALLOCATOR_MISTAKES = [
     Mistake("no limit checks", "allocate(n) must raise ValueError when n > num_blocks (it can never fit) and "
             "NoFreeBlocksError when n > num_free (it may fit later) — not crash inside the free list.",
             _NoLimitChecks),
+    Mistake("free() not all-or-nothing", "you check each block while freeing, so a bad id late in the list "
+            "raises after the blocks before it were already freed; check every id first, then change anything.",
+            _FreeNotAtomic),
+    Mistake("one error for both limits", "n > num_blocks can never fit, however long the caller waits: raise "
+            "ValueError for it, and NoFreeBlocksError only when n <= num_blocks but more than is free now.",
+            _OneErrorForBoth),
     Mistake("unknown block ids not checked", "free() must reject ids outside 0..num_blocks-1 with ValueError "
             "(note that ref_counts[-1] silently means the last block in Python).", _UnknownIdNotChecked),
 ]

@@ -80,6 +80,30 @@ class _Lifo(_Sketch):
         return self._process()
 
 
+class _RetireOneStepLate(_Sketch):
+    """Checks for 0 before decrementing, so every request gets one token more than it asked for."""
+
+    def _process(self) -> list:
+        done = sorted(self.active)
+        for rid in done:
+            if self.active[rid][0] == 0:
+                del self.active[rid]
+            else:
+                self.active[rid][0] -= 1
+        return done
+
+    def step(self):
+        self._fill()
+        return self._process()
+
+
+class _OneSlotTooMany(_Sketch):
+    def step(self):
+        while self.waiting and len(self.active) <= self.max_batch_size:  # <= lets one more in
+            self._take()
+        return self._process()
+
+
 class _ReportAfterRemoval(_Sketch):
     def step(self):
         self._fill()
@@ -112,6 +136,22 @@ class _StaticOnePerBatch(_Sketch):
     def step(self):
         if not self.active and self.waiting:
             self._take()
+        return self._process()
+
+
+class _StaticRetireOneStepLate(_RetireOneStepLate):
+    def step(self):
+        if not self.active:
+            self._fill()
+        return self._process()
+
+
+class _StaticLifo(_Sketch):
+    def step(self):
+        if not self.active:
+            while self.waiting and len(self.active) < self.max_batch_size:
+                rid, n, c = self.waiting.pop()
+                self.active[rid] = [n, c]
         return self._process()
 
 
@@ -154,6 +194,15 @@ class _CheckAfterAdmission(_MemUsed):
             if self.max_memory is not None and self.used() > self.max_memory:
                 break
             self._take()  # the newcomer's own cost is never checked before it is in
+        return self._process()
+
+
+class _CheckedWithoutNewcomer(_MemUsed):
+    def step(self):
+        while self.waiting and len(self.active) < self.max_batch_size:
+            if self.max_memory is not None and self.used() >= self.max_memory:
+                break  # "stop when the budget is used up": the newcomer's own cost is never checked
+            self._take()
         return self._process()
 
 
@@ -217,6 +266,14 @@ CONTINUOUS_MISTAKES = [
             "you return the ids still active after removal, so a request that finished this step is "
             "missing; return every id processed this step, finished ones included.",
             _ReportAfterRemoval),
+    Mistake("one token too many",
+            "you check for 0 before decrementing, so a request is dropped one step after its last "
+            "token and gets num_tokens + 1 tokens; decrement first, then drop the requests at 0.",
+            _RetireOneStepLate),
+    Mistake("one slot too many",
+            "your admission loop runs while len(active) <= max_batch_size, so the batch holds "
+            "max_batch_size + 1 requests; admit only while len(active) < max_batch_size.",
+            _OneSlotTooMany),
 ]
 
 STATIC_MISTAKES = [
@@ -243,6 +300,14 @@ STATIC_MISTAKES = [
             "you return the ids still active after removal, so a request that finished this step is "
             "missing; return every id processed this step, finished ones included.",
             _StaticReportAfterRemoval),
+    Mistake("one token too many",
+            "you check for 0 before decrementing, so a request is dropped one step after its last "
+            "token and gets num_tokens + 1 tokens; decrement first, then drop the requests at 0.",
+            _StaticRetireOneStepLate),
+    Mistake("LIFO admission",
+            "you fill the batch with the newest requests first (a stack); the waiting queue is FIFO — "
+            "popleft, not pop.",
+            _StaticLifo),
 ]
 
 MEMORY_MISTAKES = [
@@ -254,6 +319,10 @@ MEMORY_MISTAKES = [
             "you compare the memory already in use with the budget before adding the newcomer's own "
             "cost, so the admission that crosses the budget slips through; check used + memory_cost <= max_memory.",
             _CheckAfterAdmission),
+    Mistake("budget checked without the newcomer's cost",
+            "you stop admitting only once the memory in use has reached the budget, so a newcomer is let in "
+            "whenever any room is left, however large its own cost; check used + memory_cost <= max_memory.",
+            _CheckedWithoutNewcomer),
     Mistake("memory never released",
             "a finished request keeps its memory counted, so the budget shrinks until nothing fits; "
             "release a request's memory_cost when it finishes (or recompute it from the active set).",

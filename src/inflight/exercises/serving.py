@@ -36,15 +36,17 @@ def timeline_from_outputs(outputs: Sequence[Any], start: float = 0.0) -> list[di
 
 
 # --- classic mistakes ---------------------------------------------------------------------------
-def _tpot_over_n(timeline: Timeline) -> dict[str, Any]:
+def _tpot_over_n(timeline: Timeline, none_for_one: bool = False) -> dict[str, Any]:
     out = serving_metrics(timeline)
-    out["tpot"] = {r["id"]: (r["token_times"][-1] - r["token_times"][0]) / len(r["token_times"]) for r in timeline}
+    out["tpot"] = {r["id"]: None if none_for_one and len(r["token_times"]) == 1
+                   else (r["token_times"][-1] - r["token_times"][0]) / len(r["token_times"]) for r in timeline}
     return out
 
 
-def _tpot_includes_ttft(timeline: Timeline) -> dict[str, Any]:
+def _tpot_includes_ttft(timeline: Timeline, none_for_one: bool = False) -> dict[str, Any]:
     out = serving_metrics(timeline)
-    out["tpot"] = {r["id"]: (r["token_times"][-1] - r["arrival"]) / len(r["token_times"]) for r in timeline}
+    out["tpot"] = {r["id"]: None if none_for_one and len(r["token_times"]) == 1
+                   else (r["token_times"][-1] - r["arrival"]) / len(r["token_times"]) for r in timeline}
     return out
 
 
@@ -75,17 +77,29 @@ def _throughput_from_clock_zero(timeline: Timeline) -> dict[str, Any]:
     return out
 
 
+def _throughput_from_first_token(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    span = max(r["token_times"][-1] for r in timeline) - min(r["token_times"][0] for r in timeline)
+    out["throughput"] = sum(len(r["token_times"]) for r in timeline) / span
+    return out
+
+
 def _single_token_tpot_zero(timeline: Timeline) -> dict[str, Any]:
     out = serving_metrics(timeline)
     out["tpot"] = {k: (0.0 if v is None else v) for k, v in out["tpot"].items()}
     return out
 
 
-MISTAKES = [
-    Mistake("tpot divided by n", "TPOT is the time *between* tokens: n tokens have n − 1 gaps after the first one, "
-            "so divide (last − first) by n − 1, not n.", _tpot_over_n),
-    Mistake("tpot includes the wait", "TPOT starts at the first token. Measuring from arrival folds the queueing "
-            "and the prefill (that is TTFT's job) into every token.", _tpot_includes_ttft),
+_TPOT_OVER_N = ("TPOT is the time *between* tokens: n tokens have n − 1 gaps after the first one, so divide "
+                "(last − first) by n − 1, not n.")
+_TPOT_WAIT = ("TPOT starts at the first token. Measuring from arrival folds the queueing and the prefill (that is "
+              "TTFT's job) into every token.")
+
+MISTAKES = [  # the two TPOT slips twice: with a one-token request's TPOT left at None as asked, and without
+    Mistake("tpot divided by n", _TPOT_OVER_N, _tpot_over_n),
+    Mistake("tpot divided by n", _TPOT_OVER_N, lambda tl: _tpot_over_n(tl, none_for_one=True)),
+    Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_includes_ttft),
+    Mistake("tpot includes the wait", _TPOT_WAIT, lambda tl: _tpot_includes_ttft(tl, none_for_one=True)),
     Mistake("ttft from the clock's zero", "TTFT counts from the request's own arrival, not from the start of the "
             "run — with online arrivals a late request would look slow for nothing.", _ttft_from_zero),
     Mistake("prompt tokens counted", "Useful throughput counts generated tokens only; prompt tokens are input, "
@@ -95,6 +109,8 @@ MISTAKES = [
             _throughput_mean_of_rates),
     Mistake("span from the clock's zero", "The span starts at the first arrival, not at time 0: time before any "
             "request existed is not the server's.", _throughput_from_clock_zero),
+    Mistake("span from the first token", "The span starts at the first arrival, not at the first token: the time "
+            "the first requests waited for their first token is the server's time too.", _throughput_from_first_token),
     Mistake("tpot of one token is zero", "A request with a single token has no gap between tokens: its TPOT is "
             "undefined (None), and a 0 would pull the average down.", _single_token_tpot_zero),
 ]

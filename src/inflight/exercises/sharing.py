@@ -76,7 +76,9 @@ def _prefix_cases() -> list[Case]:
     for name, prompt, bs, cached in specs:
         def run(f, prompt=prompt, bs=bs, cached=cached):
             keys, n = f(list(prompt), bs, frozenset(cached))
-            return [bytes(k) for k in keys], int(n)
+            # keys shown as their first 8 hex digits: 32-byte digests printed whole would push the
+            # token count, often the only difference, past the end of the report's line
+            return [bytes(k).hex()[:8] for k in keys], int(n)
         cases.append(Case(name, run, f"{len(prompt)} prompt tokens, block_size={bs}, {len(cached)} keys cached"))
     return cases
 
@@ -184,6 +186,10 @@ VICTIM_MISTAKES = [
     Mistake("arrival ignored", "several requests can share the lowest priority: break the tie by arrival "
             "(latest first), not by where they sit in the list.",
             lambda r: max(r, key=lambda x: x[1])[0]),
+    Mistake("a full tie goes to the first listed", "on a full tie (same priority, same arrival) the victim is "
+            "the one listed LAST (admitted last): `max` keeps the first of equal keys, so add the position "
+            "to the key or scan for >=.",
+            lambda r: max(r, key=lambda x: (x[1], x[2]))[0]),
     Mistake("the last one admitted", "the running list is in admission order, and preempted requests come back "
             "later: the last in the list is not necessarily the lowest priority or the latest arrival.",
             lambda r: r[-1][0]),
