@@ -131,13 +131,13 @@ MISTAKE_ORDERS = {
     "budget before reap": (("budget", "reap", "admit", "preempt", "decode"),
                            "the budget was computed while finished requests still held their KV blocks, so admission "
                            "saw a fuller pool than there was. Measured: from the same states it admitted {os_admitted} "
-                           "requests where reap-first admitted {ref_os_admitted}, and over the workload "
+                           "request(s) where reap-first admitted {ref_os_admitted}, and over the workload "
                            "{idle_block_steps} block-steps sat idle while requests waited (reap first: "
                            "{ref_idle_block_steps}); mean TTFT {mean_ttft_steps} vs {ref_mean_ttft_steps} steps. "
                            "Free first, then measure."),
     "decode first": (("decode", "reap", "budget", "admit", "preempt"),
                      "the forward pass ran before this step's batch was built, on last step's plan. Measured: "
-                     "{os_wasted} tokens computed for requests that had already finished, {os_nokv} tokens with no "
+                     "{os_wasted} token(s) computed for requests that had already finished, {os_nokv} token(s) with no "
                      "KV slot, and every request admitted in a step waited for the next step's decode: mean TTFT "
                      "{mean_ttft_steps} vs {ref_mean_ttft_steps} steps. Decode goes last, on the batch the other "
                      "four steps built."),
@@ -154,7 +154,7 @@ MISTAKE_ORDERS = {
                             "({g_preemptions} vs {ref_g_preemptions} on the growing-requests workload)."),
     "decode before preempt": (("reap", "budget", "admit", "decode", "preempt"),
                               "the forward pass ran before the running requests were given blocks for their new tokens: "
-                              "{os_nokv} scheduled tokens found no KV slot in the steps measured (a real engine would "
+                              "{os_nokv} scheduled token(s) found no KV slot in the steps measured (a real engine would "
                               "write into another request's cache or crash), and allocating after decode reserves "
                               "blocks a step early: {preemptions} preemptions vs {ref_preemptions}."),
     "admit after decode": (("reap", "budget", "preempt", "decode", "admit"),
