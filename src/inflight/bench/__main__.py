@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from inflight.bench.config import MODES, BenchConfig, quick_config
 
-__all__ = ["main", "parse_modes"]
+__all__ = ["main", "parse_modes", "results_path"]
 
 WORKLOADS = ("long_tailed", "uniform", "online")
 
@@ -53,7 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--no-attention-bench", action="store_true")
     p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
-    p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json)")
+    p.add_argument("--no-decode-step", action="store_true", help="skip the batch-1 decode step timing")
+    p.add_argument("--logprob-tolerance", type=float, default=None,
+                   help="half precision: accepted teacher-forced deviation in nats (default per dtype, bench.agreement)")
+    p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json); a "
+                   "folder: bench_gpu_<gpu>.json or bench_cpu.json in it")
     return p
 
 
@@ -73,7 +78,19 @@ def config_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Be
             p.error(f"{flag} must be >= 1")
     return replace(cfg, n=args.num_requests or cfg.n, batch_size=args.batch_size or cfg.batch_size, seed=args.seed,
                    model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
-                   attention_bench=not args.no_attention_bench, prefix_bench=not args.no_prefix_bench)
+                   attention_bench=not args.no_attention_bench, prefix_bench=not args.no_prefix_bench,
+                   decode_step_bench=not args.no_decode_step, logprob_tolerance=args.logprob_tolerance)
+
+
+def results_path(out: str, device: str) -> Path:
+    """`out` itself, or in a folder (one that exists, or a path ending in /) the run's own name:
+    `bench_gpu_<gpu name>.json` on CUDA (e.g. bench_gpu_h200.json), else `bench_cpu.json`."""
+    path = Path(out)
+    if not (path.is_dir() or out.endswith(("/", "\\"))):
+        return path
+    from inflight.bench.attention import device_name
+
+    return path / (f"bench_gpu_{device_name(device)}.json" if device.startswith("cuda") else "bench_cpu.json")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,8 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(format_report(results))
     if args.out:
-        save_results(results, args.out)
-        print(f"\nresults written to {args.out}")
+        out = results_path(args.out, results["model"]["device"])
+        save_results(results, out)
+        print(f"\nresults written to {out}")
     return 0
 
 

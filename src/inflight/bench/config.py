@@ -49,6 +49,8 @@ class BenchConfig:
     prefix_bench: bool = True
     quick: bool = False
     threads: int | None = None
+    decode_step_bench: bool = True
+    logprob_tolerance: float | None = None  # half precision: the nats part; None: `agreement.TOLERANCE`
 
 
 def quick_config(**overrides: Any) -> BenchConfig:
@@ -69,6 +71,7 @@ class BenchSetup:
     hf: Any = None
     hf_error: str | None = None
     max_batched_tokens: int | None = None
+    agreement: dict = field(default_factory=dict)  # `agreement.policy_for`: exact tokens, or logprobs within a tolerance
 
     @property
     def kv_tokens(self) -> int:

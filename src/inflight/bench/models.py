@@ -1,5 +1,6 @@
-"""Which model a benchmark serves: a checkpoint (`--model`), the shipped tiny model, or a random
-Llama of the tiny model's shape when neither is at hand (a development checkout)."""
+"""Which model a benchmark serves: a checkpoint (`--model`), a named shape with random weights
+(`--model smollm2-135m-shape`), the shipped tiny model, or a random Llama of the tiny model's shape
+when neither is at hand (a development checkout)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BenchModel", "random_model", "load_model", "describe_model"]
+__all__ = ["BenchModel", "SHAPES", "random_model", "shaped_model", "load_model", "describe_model"]
 
 
 @dataclass
@@ -31,6 +32,26 @@ def random_model(seed: int = 0, vocab_size: int = 257, device: str | None = None
     return LlamaModel(cfg).eval().to(device or "cpu")
 
 
+#: Named shapes served with random weights (offline GPU machines have no hub access; speed depends
+#: on the shape, not on the values). SmolLM2-135M's config.json: 30 layers, hidden 576, 9 heads of
+#: 64 with 3 KV heads, SwiGLU 1536, vocabulary 49152, tied embeddings, rope theta 100000, 8192 positions.
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m-shape": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                               num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0, rms_norm_eps=1e-5,
+                               max_position_embeddings=8192, tie_word_embeddings=True),
+}
+
+
+def shaped_model(name: str, seed: int = 0, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+    """A random-weight Llama of a named shape in `SHAPES`."""
+    from inflight.model.llama import LlamaConfig, LlamaModel
+
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; known: {sorted(SHAPES)}")
+    torch.manual_seed(seed)
+    return LlamaModel(LlamaConfig(**SHAPES[name])).eval().to(device, dtype)
+
+
 def load_model(name: str | None, device: str | None = None, dtype: str | None = None, seed: int = 0) -> BenchModel:
     """`name` (a checkpoint folder or hub id) via `load_pretrained`, else the shipped tiny model, else
     a random one. float32 unless `dtype` says otherwise: every mode must produce the same greedy
@@ -40,6 +61,8 @@ def load_model(name: str | None, device: str | None = None, dtype: str | None = 
 
     dev = pick_device(device)
     dt = getattr(torch, dtype) if dtype else torch.float32
+    if name in SHAPES:
+        return BenchModel(shaped_model(name, seed, dev, dt), f"random weights, {name}")
     if name:
         from inflight.model.loading import load_pretrained
 

@@ -102,7 +102,9 @@ def run_hf_continuous(hf: Any, workload: Workload, kv_bytes_per_token: int, kv_t
     rec = RunRecord("hf_continuous", kv_bytes_per_token=kv_bytes_per_token)
     reqs = workload.requests
     manager = _cb_manager(hf, reqs, kv_tokens, page_size)
-    if kv_tokens:
+    if kv_tokens and _cb_config(kv_tokens, page_size) is None:
+        rec.notes.append("KV pool: transformers' default (this version's ContinuousBatchingConfig takes no page size)")
+    elif kv_tokens:
         rec.notes.append(f"KV pool set to the same memory as ours: {kv_tokens // page_size} pages of {page_size}")
         rec.kv_allocated_bytes = (kv_tokens // page_size) * page_size * kv_bytes_per_token
     manager.warmup()  # builds its cache and batch processor, as generate_batch does, before the clock starts
@@ -136,14 +138,23 @@ def _cb_manager(hf: Any, reqs: list[BenchRequest], kv_tokens: int | None, page_s
     gc = GenerationConfig(max_new_tokens=longest, do_sample=False, num_beams=1, eos_token_id=-1, pad_token_id=0)
     hints = WorkloadHints(max_prompt_length=max(len(r.prompt) for r in reqs), max_generated_length=longest,
                           num_requests=len(reqs))
-    cb_cfg = None
-    if kv_tokens:
-        from transformers import ContinuousBatchingConfig
-
-        # the same KV memory as our cached modes, in pages of our paged block size
-        cb_cfg = ContinuousBatchingConfig(page_size=page_size, num_blocks=max(1, kv_tokens // page_size),
-                                          allow_block_sharing=False)
+    cb_cfg = _cb_config(kv_tokens, page_size) if kv_tokens else None
     return hf.init_continuous_batching(generation_config=gc, continuous_batching_config=cb_cfg, workload_hints=hints)
+
+
+def _cb_config(kv_tokens: int, page_size: int) -> Any:
+    """The same KV memory as our cached modes, in pages of our paged block size. transformers
+    versions spell the page size differently (`page_size`, earlier `block_size`); with neither,
+    its own default pool (None), which the run's notes then say."""
+    from transformers import ContinuousBatchingConfig
+
+    for size_name in ("page_size", "block_size"):
+        try:
+            return ContinuousBatchingConfig(**{size_name: page_size}, num_blocks=max(1, kv_tokens // page_size),
+                                            allow_block_sharing=False)
+        except TypeError:
+            continue
+    return None
 
 
 def _serve_cb(manager: Any, reqs: list[BenchRequest], arrivals: Arrivals) -> dict[str, Any]:

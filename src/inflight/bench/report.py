@@ -51,6 +51,7 @@ def format_report(results: dict[str, Any]) -> str:
            f"({results['model']['parameters'] / 1e6:.2f}M parameters, {results['model']['dtype']})",
            f"KV memory for every cached mode: {results['kv_memory']['tokens']} tokens "
            f"({results['kv_memory']['bytes'] / 2**20:.1f} MiB)"]
+    out += _agreement_lines(results)
     for name, w in results["workloads"].items():
         if name != "online":
             out += ["", f"== {name}: {w['requests']} requests, {w['useful_tokens']} tokens to generate ==",
@@ -58,7 +59,8 @@ def format_report(results: dict[str, Any]) -> str:
     out += _online_lines(results["workloads"].get("online"))
     out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
     for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
-                       ("prefix_caching", "prefix caching (inflight.bench.prefix)")):
+                       ("prefix_caching", "prefix caching (inflight.bench.prefix)"),
+                       ("decode_step", "decode step at batch 1 (inflight.bench.decode_step)")):
         sec = results.get(key, {})
         out += ["", f"{title}: {sec.get('status')}" + (f" ({sec.get('error')})" if sec.get("error") else "")]
         if sec.get("report"):
@@ -67,6 +69,23 @@ def format_report(results: dict[str, Any]) -> str:
     for k, v in results.get("targets", {}).items():
         out.append(f"  {k}: {json.dumps(v, default=lambda x: round(x, 3) if isinstance(x, float) else str(x))}")
     return "\n".join(out)
+
+
+def _agreement_lines(results: dict[str, Any]) -> list[str]:
+    """The correctness policy, and in half precision each mode's measured deviation."""
+    pol = results.get("agreement_policy") or {}
+    if pol.get("policy") != "teacher_forced_logprobs":
+        return []
+    out = [f"check ({pol['dtype']}): teacher-forced log-probabilities within {pol['tolerance_nats']} nats + "
+           f"{pol['tolerance_relative']:.3g} x |top logit| of the reference's greedy token (inflight.bench.agreement)"]
+    for name, w in results["workloads"].items():
+        for m, v in (w.get("modes") or {}).items():
+            a = v.get("agreement")
+            if a:
+                out.append(f"  {name} {MODE_TITLES.get(m, m):28} max {a['max_deviation_nats']:.3f} mean "
+                           f"{a['mean_deviation_nats']:.4f} nats; greedy choice differs on {a['share_argmax_differs']:.1%} "
+                           f"of {a['tokens']} tokens: {'pass' if a['passed'] else 'FAIL'}")
+    return out
 
 
 def _ideal_line(ideal: dict[str, Any]) -> str:

@@ -50,12 +50,14 @@ def _stamp_static(rec: RunRecord, batch: list[BenchRequest], arrivals: Arrivals)
 
 @torch.no_grad()
 def run_engine(model: Any, workload: Workload, *, block_size: int, num_blocks: int, max_batch_size: int,
-               mode: str, max_batched_tokens: int | None = None, full_batch: int | None = None) -> RunRecord:
+               mode: str, max_batched_tokens: int | None = None, full_batch: int | None = None,
+               max_model_len: int | None = None) -> RunRecord:
     """Continuous batching with `inflight.LLMEngine`: each request is added at its arrival time and
     the engine steps while anything is unfinished. Times come from the engine's RequestOutputs, the
-    split of each step (schedule / prepare / forward / sample) from its `stats`."""
+    split of each step (schedule / prepare / forward / sample) from its `stats`. `max_model_len` (the
+    workload's longest request) sizes the block tables CUDA graphs replay with."""
     kwargs: dict[str, Any] = dict(block_size=block_size, num_blocks=num_blocks, max_batch_size=max_batch_size,
-                                  stats_window=None)  # every step's stats: the figures below cover the whole run
+                                  stats_window=None, max_model_len=max_model_len)  # every step's stats: the figures below cover the whole run
     if max_batched_tokens is not None:
         kwargs["max_batched_tokens"] = max_batched_tokens
     engine = LLMEngine(model, **kwargs)

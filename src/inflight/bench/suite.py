@@ -23,6 +23,8 @@ from typing import Any, Callable
 import torch
 
 from inflight.bench import attention, prefix
+from inflight.bench.agreement import describe_failure, policy_for, teacher_forced_deviation
+from inflight.bench.decode_step import decode_step_report, decode_step_times
 from inflight.bench.config import MODE_TITLES, MODES, BenchConfig, BenchSetup
 from inflight.bench.metrics import check_outputs, device_limits, ideal_speedup, summarize, targets
 from inflight.bench.models import BenchModel, describe_model, load_model
@@ -47,11 +49,13 @@ def run_mode(mode: str, setup: BenchSetup, workload: Workload) -> RunRecord:
     if mode == "contiguous":
         return run_engine(m, workload, block_size=setup.max_len, num_blocks=setup.batch_size,
                           max_batch_size=setup.batch_size, mode=mode,
-                          max_batched_tokens=setup.max_batched_tokens, full_batch=setup.batch_size)
+                          max_batched_tokens=setup.max_batched_tokens, full_batch=setup.batch_size,
+                          max_model_len=setup.max_len)
     if mode == "paged":
         return run_engine(m, workload, block_size=setup.paged_block_size, num_blocks=setup.paged_num_blocks,
                           max_batch_size=setup.paged_max_batch, mode=mode,
-                          max_batched_tokens=setup.max_batched_tokens, full_batch=setup.batch_size)
+                          max_batched_tokens=setup.max_batched_tokens, full_batch=setup.batch_size,
+                          max_model_len=setup.max_len)
     if mode in ("hf_static", "hf_continuous"):
         if setup.hf is None:
             raise RuntimeError(f"transformers model unavailable: {setup.hf_error}")
@@ -77,12 +81,19 @@ def run_checked(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[
         log(f"  {title} on {w.name}: unavailable — {err}")
         return {"mode": mode, "title": title, "status": "unavailable", "error": err,
                 "traceback": traceback.format_exc(limit=6)}
-    if mode == "sequential" and key not in refs:
-        refs[key] = rec.tokens
-    mismatch = check_outputs(w, refs[key], rec.tokens) if key in refs else "no reference run to compare with"
+    agreement = None
+    if setup.agreement.get("policy") == "teacher_forced_logprobs":  # half precision: see bench.agreement
+        agreement = teacher_forced_deviation(setup.model, w, rec.tokens, setup.agreement)
+        mismatch = describe_failure(agreement)
+    else:
+        if mode == "sequential" and key not in refs:
+            refs[key] = rec.tokens
+        mismatch = check_outputs(w, refs[key], rec.tokens) if key in refs else "no reference run to compare with"
     if mismatch:
         log(f"  {title} on {w.name}: NOT reporting a speed — {mismatch}")
     out = summarize(rec, w, mismatch)
+    if agreement is not None:
+        out["agreement"] = agreement
     # other processes on the machine skew timings: keep the 1-minute load average around each run
     out["loadavg_1min"] = [load_before, _loadavg()]
     # ... and how many cores other programs kept busy while it ran: a busy run's speed is not the engine's alone
@@ -109,7 +120,9 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True, lo
     setup = _setup(cfg, bm.model)
     results = _header(cfg, bm, setup)
     results["machine"]["threads"] = asdict(threads)
-    lt, plan = _plan(cfg, bm.model.config.vocab_size, setup.max_len)
+    results["agreement_policy"] = setup.agreement
+    exact = setup.agreement["policy"] == "exact_tokens"
+    lt, plan = _plan(cfg, bm.model.config.vocab_size, setup.max_len, with_sequential=exact)
     online = len(cfg.rate_fractions) * len(cfg.online_modes) if "online" in cfg.workloads else 0
     refs: dict[str, dict[str, list[int]]] = {}
     with tqdm(total=sum(len(m) for _, m in plan) + online, desc="bench", disable=not progress) as bar:
@@ -122,7 +135,8 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True, lo
         for w, modes in plan:
             results["workloads"][w.name] = _offline(cfg, w, modes, run_one)
         if "online" in cfg.workloads:
-            results["workloads"]["online"] = _online(cfg, lt, results["workloads"][lt.name]["modes"], run_one)
+            results["workloads"]["online"] = _online(cfg, lt, results["workloads"].get(lt.name, {}).get("modes", {}),
+                                                    run_one)
     lt_modes = results["workloads"].get(lt.name, {}).get("modes", {})
     results["device_limits"] = lim = _limits(bm.model, lt, lt_modes, cfg.quick)
     for m, v in lt_modes.items():  # how close each mode came to its roof
@@ -131,6 +145,8 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True, lo
             v["fraction_of_roof"] = v["tokens_per_s"] / roof
     results["attention_bench"] = _attention_section(cfg.quick) if cfg.attention_bench else {"status": "skipped"}
     results["prefix_caching"] = _prefix_section(cfg.quick, bm.model) if cfg.prefix_bench else {"status": "skipped"}
+    results["decode_step"] = (_section(decode_step_times, decode_step_report, model=bm.model, steps=10 if cfg.quick else 50)
+                              if cfg.decode_step_bench else {"status": "skipped"})
     results["targets"] = targets(results, cfg.batch_size)
     with contextlib.suppress(OSError, AttributeError):
         results["machine"]["loadavg_end"] = list(os.getloadavg())
@@ -141,7 +157,8 @@ def _setup(cfg: BenchConfig, model: Any) -> BenchSetup:
     """The memory every mode gets (B slots of the longest request the workloads may reach), and the
     transformers twin of the model when a peer mode is asked for."""
     max_len = min(cfg.prompt_range[1] + cfg.output_cap, model.config.max_position_embeddings)
-    setup = BenchSetup(model, cfg.batch_size, max_len, cfg.paged_block_size, max_batched_tokens=cfg.max_batched_tokens)
+    setup = BenchSetup(model, cfg.batch_size, max_len, cfg.paged_block_size, max_batched_tokens=cfg.max_batched_tokens,
+                       agreement=policy_for(model.dtype, cfg.logprob_tolerance))
     if any(m.startswith("hf_") for m in cfg.modes + cfg.online_modes):
         try:
             setup.hf = to_transformers(model)
@@ -150,18 +167,22 @@ def _setup(cfg: BenchConfig, model: Any) -> BenchSetup:
     return setup
 
 
-def _plan(cfg: BenchConfig, vocab_size: int, max_len: int) -> tuple[Workload, list[tuple[Workload, list[str]]]]:
+def _plan(cfg: BenchConfig, vocab_size: int, max_len: int, with_sequential: bool = True
+          ) -> tuple[Workload, list[tuple[Workload, list[str]]]]:
     """The long-tailed workload (the online sweep and the device limits read it even when its
-    modes aren't asked for), and the (workload, modes) pairs to run. The sequential reference
-    always runs; on a workload that isn't reported, only it runs (for the online sweep)."""
+    modes aren't asked for), and the (workload, modes) pairs to run. With exact-token checks the
+    sequential reference always runs; on a workload that isn't reported, only it runs (for the
+    online sweep). In half precision the reference is teacher-forced instead, and sequential runs
+    only when asked for."""
     def workload(kind: str) -> Workload:
         return make_workload(kind, cfg.n, cfg.seed, vocab_size, max_context=max_len, prompt_range=cfg.prompt_range,
                              output_mean=cfg.output_mean, output_cap=cfg.output_cap)
 
     lt = workload("long_tailed")
-    asked = ["sequential"] + [m for m in MODES if m in cfg.modes and m != "sequential"]
+    first = ["sequential"] if with_sequential or "sequential" in cfg.modes else []
+    asked = first + [m for m in MODES if m in cfg.modes and m != "sequential"]
     plan = []
-    if "long_tailed" in cfg.workloads or "online" in cfg.workloads:
+    if "long_tailed" in cfg.workloads or ("online" in cfg.workloads and with_sequential):
         plan.append((lt, asked if "long_tailed" in cfg.workloads else ["sequential"]))
     if "uniform" in cfg.workloads:
         plan.append((workload("uniform"), list(asked)))

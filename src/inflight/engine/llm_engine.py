@@ -24,6 +24,7 @@ from inflight.engine.engine_args import (allocate_kv_cache, check_stats_window, 
                                          eos_token_ids, model_attr)
 from inflight.engine.invariants import check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
+from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
 from inflight.engine.model_runner import ModelRunner, KVSwapper, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
@@ -46,7 +47,9 @@ class LLMEngine:
     `preemption="swap"` (default `model_runner.default_swap_blocks`); when it is full, a victim is
     recomputed instead. `max_batched_tokens` defaults to 512 with chunked prefill, else to the
     model's context. `debug=True` checks the scheduler's invariants after every step. A contiguous
-    cache is `block_size=max_model_len`, `num_blocks=max_batch_size`.
+    cache is `block_size=max_model_len`, `num_blocks=max_batch_size`. On CUDA, decode-only steps replay
+    CUDA graphs captured per batch-size bucket when the engine is built (`inflight.engine.cuda_graphs`);
+    `enforce_eager=True` runs every step eagerly, as on a CPU.
 
     `enable_prefix_caching=True` shares the KV blocks of common prompt prefixes between requests
     (`inflight.engine.prefix_cache`): admission takes the longest cached prefix and computes only the rest.
@@ -64,7 +67,8 @@ class LLMEngine:
                  enable_chunked_prefill: bool = True, watermark: float = 0.0, tokenizer: Any = None,
                  debug: bool = False, device: str | torch.device | None = None, swap_blocks: int | None = None,
                  max_model_len: int | None = None, seed: int = 0, enable_prefix_caching: bool = False,
-                 priority_aging: float | None = None, stats_window: int | None = 10_000):
+                 priority_aging: float | None = None, stats_window: int | None = 10_000,
+                 enforce_eager: bool = False):
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
@@ -95,7 +99,11 @@ class LLMEngine:
                                     watermark_blocks=int(watermark * num_blocks), max_model_len=self.max_model_len,
                                     eos_token_ids=self.eos_token_ids, enable_prefix_caching=self.enable_prefix_caching)
         self.stats: deque[StepStats] = deque(maxlen=check_stats_window(stats_window))  # the last steps, one record each
-        self.kv_cache = allocate_kv_cache(self.config, num_blocks, self.block_size, self.dtype, self.device)
+        # on CUDA, decode steps replay CUDA graphs (`enforce_eager=True`: never); their padding rows
+        # write to one extra block past the allocator's pool
+        use_graphs = wants_cuda_graphs(self.device, checks.flag("enforce_eager", enforce_eager))
+        self.kv_cache = allocate_kv_cache(self.config, num_blocks + use_graphs, self.block_size, self.dtype,
+                                          self.device)
         pool = PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator
         self.allocator = pool(num_blocks, self.block_size)
         cpu_pool, self.swapper = None, None
@@ -103,7 +111,9 @@ class LLMEngine:
             n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
             cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), KVSwapper(self.kv_cache, n_cpu)
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper)
-        self.runner = ModelRunner(model, self.kv_cache, sampler)
+        graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
+                                   scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
+        self.runner = ModelRunner(model, self.kv_cache, sampler, graphs)
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from inflight.engine.block_manager import blocks_needed
+from inflight.engine.cuda_graphs import DecodeGraphRunner
 from inflight.engine.scheduler import SchedulerOutput
 from inflight.engine.sequence import Sequence
 from inflight.model.attention_metadata import AttentionMetadata
@@ -54,11 +55,13 @@ class StepTimes:
 class ModelRunner:
     """Runs scheduled batches through `model` over `kv_cache` and samples the next tokens."""
 
-    def __init__(self, model: Any, kv_cache: KVCache, sampler: Sampler):
+    def __init__(self, model: Any, kv_cache: KVCache, sampler: Sampler, graphs: DecodeGraphRunner | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.sampler = sampler
         self.device = kv_cache.device
+        # decode-only steps that fit a bucket run padded from static buffers (graph replay on CUDA)
+        self.graphs = graphs
 
     def prepare(self, batch: SchedulerOutput) -> StepInputs:
         """Flatten the ragged batch: each request contributes its tokens from `num_computed_tokens`
@@ -85,14 +88,20 @@ class ModelRunner:
         batch order; `{k: reason}` for the k-th of them if it could not be sampled (its token is -1:
         only that request fails); and the time each part took."""
         t0 = time.perf_counter()
-        inputs = self.prepare(batch)
-        t1 = time.perf_counter()
-        logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
-                            logits_indices=inputs.logits_indices)
+        if self.graphs is not None and self.graphs.can_run(batch.seqs):
+            seqs = batch.seqs  # a decode-only step: every request is sampled
+            bucket, longest = self.graphs.prepare(seqs)
+            t1 = time.perf_counter()
+            logits = self.graphs.forward(len(seqs), bucket, longest)
+        else:
+            inputs = self.prepare(batch)
+            seqs = inputs.sampling_seqs
+            t1 = time.perf_counter()
+            logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
+                                logits_indices=inputs.logits_indices)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest forward time
         t2 = time.perf_counter()
-        seqs = inputs.sampling_seqs
         tokens, failures = self.sampler.sample(logits, [s.params.temperature for s in seqs],
                                                [s.params.top_p for s in seqs],
                                                [s.generator for s in seqs]) if seqs else ([], {})
