@@ -112,20 +112,20 @@ def flag(name: str, value: Any) -> bool:
 
 def priority(name: str, value: Any) -> int:
     """A request's priority: an integer in `PRIORITY_RANGE` (lower = served sooner)."""
-    lo, hi = PRIORITY_RANGE
-    try:
-        return integer(name, value, minimum=lo, maximum=hi)
-    except ValueError:
-        raise ValueError(f"{name} must be a 64-bit integer (-2**63 .. 2**63-1), got {show(value)}") from None
+    return _int_in(name, value, PRIORITY_RANGE, "a 64-bit integer (-2**63 .. 2**63-1)")
 
 
 def seed(name: str, value: Any) -> int:
     """A random seed: an integer in `SEED_RANGE`."""
-    lo, hi = SEED_RANGE
+    return _int_in(name, value, SEED_RANGE, "a 64-bit integer (-2**63 .. 2**64-1)")
+
+
+def _int_in(name: str, value: Any, bounds: tuple[int, int], described: str) -> int:
+    # one message for both ends of the range: "must be a 64-bit integer", not "must be <= 9223372036854775807"
     try:
-        return integer(name, value, minimum=lo, maximum=hi)
+        return integer(name, value, minimum=bounds[0], maximum=bounds[1])
     except ValueError:
-        raise ValueError(f"{name} must be a 64-bit integer (-2**63 .. 2**64-1), got {show(value)}") from None
+        raise ValueError(f"{name} must be {described}, got {show(value)}") from None
 
 
 def _ndim(value: Any) -> int | None:
