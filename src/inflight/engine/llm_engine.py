@@ -202,10 +202,7 @@ class LLMEngine:
             raise
         now = time.perf_counter()
         touched = sched.update(batch, tokens, now, failures)  # ... then the bookkeeping
-        outs = [self._output(s, now) for s in touched]
-        for s in touched:
-            if s.finish_reason is not None:
-                self._forget(s)
+        outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
         self._record(batch, events, touched, t0, t1, times)
@@ -235,6 +232,23 @@ class LLMEngine:
         held = self.requests.pop(seq.request_id, None)
         if self.debug:
             assert held is seq, f"request {seq.request_id} ended twice"
+
+    def _outputs(self, touched: list[Sequence], now: float) -> list[RequestOutput]:
+        """The step's outputs; the requests that ended are forgotten. If decoding is interrupted
+        (Ctrl-C in a slow tokenizer), the step's tokens still stand and no ended request is lost:
+        their final outputs go out with the next `step()` (with text None where not yet decoded)."""
+        outs: list[RequestOutput] = []
+        try:
+            for s in touched:
+                outs.append(self._output(s, now))
+        finally:
+            if len(outs) < len(touched):  # interrupted
+                self._undelivered += [o for o in outs if o.finished] + \
+                    [request_output(s, None) for s in touched[len(outs):] if s.finish_reason is not None]
+            for s in touched:
+                if s.finish_reason is not None:
+                    self._forget(s)
+        return outs
 
     def _output(self, s: Sequence, now: float) -> RequestOutput:
         """`s`'s output; if its text cannot be decoded, it ends with an error (the others go on)."""

@@ -1,0 +1,63 @@
+"""Attacks on `LLMEngine` that an earlier hardening pass left open: each test names what broke."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from inflight.engine.llm_engine import LLMEngine
+from inflight.engine.sampling import SamplingParams
+from inflight.model.llama import LlamaConfig, LlamaModel
+
+torch.set_num_threads(1)
+VOCAB = 61
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
+    return LlamaModel(cfg).eval()
+
+
+class Tokenizer:
+    eos_token_id = 0
+    interrupt = False
+
+    def encode(self, text):
+        return [1, 2, 3]
+
+    def decode(self, ids):
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt  # the user pressed Ctrl-C while a slow tokenizer decoded
+        return " ".join(map(str, ids))
+
+
+def drain(engine, limit=1000):
+    final = {}
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return final
+        final.update((o.request_id, o) for o in engine.step() if o.finished)
+    raise AssertionError("the engine did not finish")
+
+
+def test_ctrl_c_while_decoding_loses_no_request(model):
+    """Ctrl-C inside the tokenizer's decode, after the step's tokens were sampled, left a request
+    that had just ended held by the engine forever: its final output was never returned, and with
+    debug=True every later step failed the invariant check."""
+    tok = Tokenizer()
+    engine = LLMEngine(model, block_size=4, num_blocks=32, tokenizer=tok, debug=True)
+    engine.add_request([1, 2], SamplingParams(max_tokens=1), request_id="short")
+    engine.add_request([3, 4], SamplingParams(max_tokens=5), request_id="long")
+    tok.interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    final = drain(engine)
+    assert set(final) == {"short", "long"}
+    assert final["short"].finish_reason == "length" and len(final["short"].token_ids) == 1
+    alone = LLMEngine(model, block_size=4, num_blocks=32, tokenizer=Tokenizer())
+    assert final["long"].token_ids == alone.generate([[3, 4]], SamplingParams(max_tokens=5), use_tqdm=False)[0].token_ids
+    assert not engine.requests and engine.allocator.num_free == engine.allocator.num_blocks
