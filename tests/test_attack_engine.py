@@ -61,3 +61,48 @@ def test_ctrl_c_while_decoding_loses_no_request(model):
     alone = LLMEngine(model, block_size=4, num_blocks=32, tokenizer=Tokenizer())
     assert final["long"].token_ids == alone.generate([[3, 4]], SamplingParams(max_tokens=5), use_tqdm=False)[0].token_ids
     assert not engine.requests and engine.allocator.num_free == engine.allocator.num_blocks
+
+
+class BoolEos(Tokenizer):
+    eos_token_id = True
+
+
+class ForeignEos(Tokenizer):
+    eos_token_id = 10**6
+
+
+class EncodesNone(Tokenizer):
+    def encode(self, text):
+        return None
+
+
+@pytest.mark.parametrize("tok, error, words", [
+    (BoolEos(), TypeError, "tokenizer.eos_token_id must be an int, got a bool"),  # was: token 1 ended requests
+    (ForeignEos(), ValueError, "tokenizer.eos_token_id must be <= 60"),             # was: silently accepted
+])
+def test_a_tokenizers_eos_is_a_token_id_of_this_model(model, tok, error, words):
+    with pytest.raises(error, match=words):
+        LLMEngine(model, block_size=4, num_blocks=8, tokenizer=tok)
+
+
+def test_an_encode_that_returns_no_ids_is_named(model):
+    """was: TypeError: 'NoneType' object is not iterable, naming nothing."""
+    engine = LLMEngine(model, block_size=4, num_blocks=8, tokenizer=EncodesNone())
+    with pytest.raises(TypeError, match=r"tokenizer's encode\(\) turned prompt 'hi' into NoneType"):
+        engine.add_request("hi")
+    assert not engine.requests
+
+
+def test_request_ids_are_ints_by_the_packages_one_rule(model):
+    """A numpy int was refused as a request id although priorities and token ids take it; an int
+    too long to print raised Python's int-to-str ValueError, which named no argument."""
+    engine = LLMEngine(model, block_size=4, num_blocks=8)
+    assert engine.add_request([1], request_id=np.int64(7)) == "7"
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request([1], request_id=7)
+    with pytest.raises(ValueError, match="request_id is an integer of about 5001 digits: too long"):
+        engine.add_request([1], request_id=10**5000)
+    with pytest.raises(TypeError, match="request_id must be a str"):
+        engine.add_request([1], request_id=np.bool_(True))
+    engine.abort_request(np.int64(7))
+    assert not engine.requests

@@ -18,7 +18,9 @@ def eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
     """End-of-sequence ids from the model's config and the tokenizer (either may name one)."""
     eos = set(getattr(config, "eos_token_ids", None) or [])
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(int(tokenizer.eos_token_id))
+        # a token id like any other (True is not token 1), and one of this model's
+        eos.add(checks.integer("tokenizer.eos_token_id", tokenizer.eos_token_id, minimum=0,
+                               maximum=config.vocab_size - 1))
     return frozenset(eos)
 
 

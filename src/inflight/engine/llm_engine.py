@@ -359,9 +359,15 @@ def _id_key(request_id: Any) -> str:
     """Request ids are strings; an int is taken as its decimal string (so 5 and "5" are one id)."""
     if isinstance(request_id, str):
         return request_id
-    if isinstance(request_id, int) and not isinstance(request_id, bool):
-        return str(request_id)
-    raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} ({checks.show(request_id)})")
+    try:  # an int as the package's checks define one: numpy's too, never a bool
+        n = checks.integer("request_id", request_id)
+    except TypeError:
+        raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} "
+                        f"({checks.show(request_id)})") from None
+    try:
+        return str(n)
+    except ValueError:  # Python refuses to print ints over 4300 digits
+        raise ValueError(f"request_id is {checks.show(n)}: too long to be an id; use a str") from None
 
 
 def _params_per_prompt(sampling_params: Any, n: int) -> list:
