@@ -106,3 +106,11 @@ def test_request_ids_are_ints_by_the_packages_one_rule(model):
         engine.add_request([1], request_id=np.bool_(True))
     engine.abort_request(np.int64(7))
     assert not engine.requests
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (False, TypeError)])
+def test_max_model_len_zero_is_refused_not_read_as_unset(model, bad, error):
+    """`max_model_len or default` took 0 and False for "not given" and served at the model's
+    full context instead of refusing them."""
+    with pytest.raises(error, match="max_model_len"):
+        LLMEngine(model, block_size=4, num_blocks=8, max_model_len=bad)

@@ -76,8 +76,9 @@ class LLMEngine:
         self.priority_aging = check_aging(priority_aging)
         self.device = engine_device(model, device)
         self.dtype = model_attr(model, "dtype", torch.float32)
-        self.max_model_len = checks.integer("max_model_len", max_model_len or self.config.max_position_embeddings,
-                                            minimum=1)
+        if max_model_len is None:
+            max_model_len = self.config.max_position_embeddings
+        self.max_model_len = checks.integer("max_model_len", max_model_len, minimum=1)  # (0 or False is not "unset")
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
         if max_batched_tokens is None:
             max_batched_tokens = max(512 if enable_chunked_prefill else self.max_model_len, max_batch_size)
