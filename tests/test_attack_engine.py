@@ -114,3 +114,47 @@ def test_max_model_len_zero_is_refused_not_read_as_unset(model, bad, error):
     full context instead of refusing them."""
     with pytest.raises(error, match="max_model_len"):
         LLMEngine(model, block_size=4, num_blocks=8, max_model_len=bad)
+
+
+class RaisesOn(torch.nn.Module):
+    """The test model, except that its forward pass raises whenever token `bad` is among its inputs:
+    a request-specific failure (think of a kernel bug at one shape) rather than a broken model."""
+
+    def __init__(self, inner, bad=13, always=False):
+        super().__init__()
+        self.inner, self.config, self.bad, self.always = inner, inner.config, bad, always
+
+    def forward(self, input_ids, *args, **kwargs):
+        if self.always or bool((input_ids == self.bad).any()):
+            raise RuntimeError("kernel failed (simulated)")
+        return self.inner(input_ids, *args, **kwargs)
+
+
+def test_a_forward_pass_that_fails_for_one_request_ends_only_that_one(model):
+    """The forward pass raised on every step while the request that made it fail was in the batch:
+    every other request was stuck behind it (generate() raised, and raised again when called anew,
+    since the request stayed queued). Now it ends with finish_reason "error" and the rest go on."""
+    others = [[5, 6, 7], [10, 11, 12], [14, 15]]
+    sp = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, seed=3)
+    expected = LLMEngine(model, block_size=4, num_blocks=40, max_batch_size=4).generate(others, sp, use_tqdm=False)
+    bad = min(set(range(1, VOCAB)) - {t for o in expected for t in o.prompt_token_ids + o.token_ids})
+    prompts = others[:1] + [[8, bad, 9]] + others[1:]
+    engine = LLMEngine(RaisesOn(model, bad), block_size=4, num_blocks=40, max_batch_size=4, debug=True,
+                       enable_prefix_caching=True)
+    outs = engine.generate(prompts, sp, use_tqdm=False)
+    assert outs[1].finish_reason == "error" and "forward pass failed for it" in outs[1].error
+    assert "kernel failed (simulated)" in outs[1].error
+    assert [o.token_ids for i, o in enumerate(outs) if i != 1] == [o.token_ids for o in expected]
+    assert not engine.requests and engine.allocator.num_free == engine.num_blocks
+
+
+@pytest.mark.parametrize("prompts", [[[1, 2], [3, 4]], [[13, 2]]])
+def test_a_broken_model_or_a_lone_request_still_raises(model, prompts):
+    """Not one request's problem (every request fails alone), or nothing to compare with (a batch
+    of one): the step raises as before and the engine stands as before the step."""
+    engine = LLMEngine(RaisesOn(model, always=len(prompts) > 1), block_size=4, num_blocks=40, debug=True)
+    ids = [engine.add_request(p) for p in prompts]
+    with pytest.raises(RuntimeError, match="simulated"):
+        engine.step()
+    engine.check_invariants()
+    assert list(engine.requests) == ids and engine.allocator.num_free == engine.num_blocks

@@ -196,13 +196,17 @@ class LLMEngine:
         sched.preempt()                   # 4. preempt
         batch = sched.batch()             # 5. decode: the batch ...
         t1 = time.perf_counter()
-        try:
-            tokens, failures, times = self.runner.run(batch) if batch.seqs else ([], {}, StepTimes())
+        try:  # (requests whose forward pass alone fails are left out of it, to end with an error)
+            batch, tokens, failures, times, broken = self.runner.run_isolating(batch) if batch.seqs else \
+                (batch, [], {}, StepTimes(), {})
         except BaseException:             # (a failed forward pass, or Ctrl-C): nothing is half-done
             sched.release_unused(batch)
             raise
         now = time.perf_counter()
-        touched = sched.update(batch, tokens, now, failures)  # ... then the bookkeeping
+        sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
+        for s, why in broken.items():
+            fail(s, f"the model's forward pass failed for it ({why})", now)
+        touched = sched.update(batch, tokens, now, failures) + list(broken)  # ... then the bookkeeping
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
