@@ -158,3 +158,20 @@ def test_a_broken_model_or_a_lone_request_still_raises(model, prompts):
         engine.step()
     engine.check_invariants()
     assert list(engine.requests) == ids and engine.allocator.num_free == engine.num_blocks
+
+
+def test_aborting_the_last_unfinished_request_leaves_an_idle_engine_holding_no_blocks(model):
+    """A request that ended in a step while another was still waiting stays in the running queue
+    until the next step reaps it. Aborting that other one left the engine idle — no unfinished
+    request, so no next step may come for a while — yet holding the ended request's blocks."""
+    engine = LLMEngine(model, block_size=2, num_blocks=8, max_batch_size=1, debug=True)
+    done = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+    other = engine.add_request([4, 5], SamplingParams(max_tokens=2, ignore_eos=True))
+    finished = []
+    while not finished:
+        finished = [o.request_id for o in engine.step() if o.finished]
+    assert finished == [done] and engine.allocator.num_used > 0  # ended, not reaped yet
+    engine.abort_request(other)
+    assert not engine.has_unfinished_requests()
+    assert engine.allocator.num_used == 0
+    engine.check_invariants()

@@ -170,6 +170,8 @@ class LLMEngine:
         seq.finish_reason = "abort"
         seq.finish_time = time.perf_counter()
         self._forget(seq)
+        if not self.scheduler.has_unfinished():  # the last one: an idle engine holds no blocks (as after a step)
+            self.scheduler.reap()
 
     def has_unfinished_requests(self) -> bool:
         """Whether a request still needs a step (or has a final output `step()` has yet to return).
