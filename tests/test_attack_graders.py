@@ -82,3 +82,12 @@ def test_a_result_whose_eq_never_returns_is_reported_as_a_hang():
 def test_sys_exit_in_the_learners_code_is_a_failed_case():
     res = check_continuous_scheduler(Exits, quiet=True)
     assert not res and "raised SystemExit: bye" in res.report
+
+
+def test_sys_exit_in_the_engine_loop_is_a_failed_grade():
+    """check_engine_loop runs the learner's step() once more to show its call order: a sys.exit()
+    there escaped the grader."""
+    from inflight.exercises.engine_loop import check_engine_loop
+
+    res = check_engine_loop(lambda engine: sys.exit(1), quiet=True)
+    assert not res and "raised SystemExit" in res.report
