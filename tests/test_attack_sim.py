@@ -36,3 +36,9 @@ def test_every_nan_id_is_refused(nan):
     with pytest.raises(ValueError, match="NaN cannot be sorted"):
         s.add_request(nan, 1)
     assert not s.has_unfinished()
+
+
+def test_priorities_that_are_not_a_mapping_are_named():
+    """was: TypeError: cannot convert dictionary update sequence element #0 to a sequence."""
+    with pytest.raises(TypeError, match=r"priorities must be a mapping of request id -> priority, got list \(\[1, 2\]\)"):
+        PriorityScheduler(2, priorities=[1, 2])

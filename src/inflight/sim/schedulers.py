@@ -193,7 +193,11 @@ class PriorityScheduler(ContinuousBatchScheduler):
                  priorities: Mapping[Any, int] | None = None):
         super().__init__(max_batch_size, max_memory)
         self.aging = check_aging(aging)
-        self.priorities = dict(priorities or {})
+        try:
+            self.priorities = dict(priorities or {})
+        except (TypeError, ValueError):
+            raise TypeError("priorities must be a mapping of request id -> priority, got "
+                            f"{type(priorities).__name__} ({show(priorities)})") from None
         self._now = 0                      # steps run so far
         self._seq = 0
 
