@@ -175,3 +175,12 @@ def test_aborting_the_last_unfinished_request_leaves_an_idle_engine_holding_no_b
     assert not engine.has_unfinished_requests()
     assert engine.allocator.num_used == 0
     engine.check_invariants()
+
+
+def test_a_swap_pool_too_big_for_the_host_is_a_clear_value_error(model):
+    """The device pool's allocation failure was a clear ValueError, the CPU swap pool's was torch's
+    raw RuntimeError; and swap_blocks beyond int64 was refused under the name "num_blocks"."""
+    with pytest.raises(ValueError, match="could not allocate a CPU swap pool of 1000000000000 blocks"):
+        LLMEngine(model, block_size=4, num_blocks=8, preemption="swap", swap_blocks=10**12)
+    with pytest.raises(ValueError, match="swap_blocks must be <="):
+        LLMEngine(model, block_size=4, num_blocks=8, preemption="swap", swap_blocks=2**63)

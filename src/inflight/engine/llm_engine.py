@@ -20,11 +20,11 @@ import torch
 
 from inflight import checks
 from inflight.engine.block_manager import BlockAllocator
-from inflight.engine.engine_args import (allocate_kv_cache, check_stats_window, check_tokenizer, engine_device,
-                                         eos_token_ids, model_attr)
+from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, check_stats_window, check_tokenizer,
+                                         engine_device, eos_token_ids, model_attr)
 from inflight.engine.invariants import check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
-from inflight.engine.model_runner import ModelRunner, KVSwapper, StepTimes, default_num_blocks, default_swap_blocks
+from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.priority import check_aging, priority_key
@@ -87,7 +87,7 @@ class LLMEngine:
                                             self.max_model_len)
         num_blocks = checks.integer("num_blocks", num_blocks, minimum=1)
         if swap_blocks is not None:
-            swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1)
+            swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1, maximum=checks.INT64_MAX)
         sampler = Sampler(checks.seed("seed", seed))
         self.enable_prefix_caching = checks.flag("enable_prefix_caching", enable_prefix_caching)
         self.eos_token_ids = eos_token_ids(self.config, tokenizer)
@@ -102,7 +102,7 @@ class LLMEngine:
         cpu_pool, self.swapper = None, None
         if preemption == "swap":
             n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
-            cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), KVSwapper(self.kv_cache, n_cpu)
+            cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), allocate_swapper(self.kv_cache, n_cpu)
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper)
         self.runner = ModelRunner(model, self.kv_cache, sampler)
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
