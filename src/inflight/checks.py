@@ -190,7 +190,13 @@ def prompt(value: Any, vocab_size: int, tokenizer: Any = None, name: str = "prom
         if tokenizer is None:
             raise TypeError(f"{name} is a string, which needs a tokenizer: pass tokenizer=... or give token ids")
         encode = getattr(tokenizer, "encode_prompt", tokenizer.encode)
-        ids = token_ids(name, list(encode(value)), vocab_size)
+        encoded = encode(value)
+        try:
+            encoded = list(encoded)
+        except TypeError:
+            raise TypeError(f"the tokenizer's encode() turned {name} {show(value)} into {type(encoded).__name__} "
+                            f"({show(encoded)}), not token ids") from None
+        ids = token_ids(name, encoded, vocab_size)
     else:
         ids = token_ids(name, value, vocab_size)
     if not ids:

@@ -8,17 +8,20 @@ from typing import Any
 import torch
 
 from inflight import checks
+from inflight.engine.model_runner import KVSwapper
 from inflight.model.kv_cache import KVCache, kv_bytes_per_token
 
 __all__ = ["check_tokenizer", "engine_device", "model_attr", "check_stats_window", "eos_token_ids",
-           "allocate_kv_cache"]
+           "allocate_kv_cache", "allocate_swapper"]
 
 
 def eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
     """End-of-sequence ids from the model's config and the tokenizer (either may name one)."""
     eos = set(getattr(config, "eos_token_ids", None) or [])
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(int(tokenizer.eos_token_id))
+        # a token id like any other (True is not token 1), and one of this model's
+        eos.add(checks.integer("tokenizer.eos_token_id", tokenizer.eos_token_id, minimum=0,
+                               maximum=config.vocab_size - 1))
     return frozenset(eos)
 
 
@@ -73,3 +76,13 @@ def allocate_kv_cache(config: Any, num_blocks: int, block_size: int, dtype: torc
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"could not allocate a KV cache of {num_blocks} blocks of {block_size} tokens "
                          f"({size / 2**30:.2f} GiB) on {device}: {why}") from None
+
+
+def allocate_swapper(kv: KVCache, num_cpu_blocks: int) -> KVSwapper:
+    """The CPU pool of swap preemption; one too big for the host is a clear ValueError too."""
+    try:
+        return KVSwapper(kv, num_cpu_blocks)
+    except (RuntimeError, MemoryError, OverflowError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"could not allocate a CPU swap pool of {num_cpu_blocks} blocks "
+                         f"({num_cpu_blocks * kv.bytes_per_block / 2**30:.2f} GiB): {why}; lower swap_blocks") from None

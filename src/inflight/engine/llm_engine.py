@@ -20,12 +20,12 @@ import torch
 
 from inflight import checks
 from inflight.engine.block_manager import BlockAllocator
-from inflight.engine.engine_args import (allocate_kv_cache, check_stats_window, check_tokenizer, engine_device,
-                                         eos_token_ids, model_attr)
+from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, check_stats_window, check_tokenizer,
+                                         engine_device, eos_token_ids, model_attr)
 from inflight.engine.invariants import check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.model_runner import ModelRunner, KVSwapper, StepTimes, default_num_blocks, default_swap_blocks
+from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.priority import check_aging, priority_key
@@ -80,8 +80,9 @@ class LLMEngine:
         self.priority_aging = check_aging(priority_aging)
         self.device = engine_device(model, device)
         self.dtype = model_attr(model, "dtype", torch.float32)
-        self.max_model_len = checks.integer("max_model_len", max_model_len or self.config.max_position_embeddings,
-                                            minimum=1)
+        if max_model_len is None:
+            max_model_len = self.config.max_position_embeddings
+        self.max_model_len = checks.integer("max_model_len", max_model_len, minimum=1)  # (0 or False is not "unset")
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
         if max_batched_tokens is None:
             max_batched_tokens = max(512 if enable_chunked_prefill else self.max_model_len, max_batch_size)
@@ -90,7 +91,7 @@ class LLMEngine:
                                             self.max_model_len)
         num_blocks = checks.integer("num_blocks", num_blocks, minimum=1)
         if swap_blocks is not None:
-            swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1)
+            swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1, maximum=checks.INT64_MAX)
         sampler = Sampler(checks.seed("seed", seed))
         self.enable_prefix_caching = checks.flag("enable_prefix_caching", enable_prefix_caching)
         self.eos_token_ids = eos_token_ids(self.config, tokenizer)
@@ -109,7 +110,7 @@ class LLMEngine:
         cpu_pool, self.swapper = None, None
         if preemption == "swap":
             n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
-            cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), KVSwapper(self.kv_cache, n_cpu)
+            cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), allocate_swapper(self.kv_cache, n_cpu)
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper)
         graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
@@ -179,6 +180,8 @@ class LLMEngine:
         seq.finish_reason = "abort"
         seq.finish_time = time.perf_counter()
         self._forget(seq)
+        if not self.scheduler.has_unfinished():  # the last one: an idle engine holds no blocks (as after a step)
+            self.scheduler.reap()
 
     def has_unfinished_requests(self) -> bool:
         """Whether a request still needs a step (or has a final output `step()` has yet to return).
@@ -205,17 +208,18 @@ class LLMEngine:
         sched.preempt()                   # 4. preempt
         batch = sched.batch()             # 5. decode: the batch ...
         t1 = time.perf_counter()
-        try:
-            tokens, failures, times = self.runner.run(batch) if batch.seqs else ([], {}, StepTimes())
+        try:  # (requests whose forward pass alone fails are left out of it, to end with an error)
+            batch, tokens, failures, times, broken = self.runner.run_isolating(batch) if batch.seqs else \
+                (batch, [], {}, StepTimes(), {})
         except BaseException:             # (a failed forward pass, or Ctrl-C): nothing is half-done
             sched.release_unused(batch)
             raise
         now = time.perf_counter()
-        touched = sched.update(batch, tokens, now, failures)  # ... then the bookkeeping
-        outs = [self._output(s, now) for s in touched]
-        for s in touched:
-            if s.finish_reason is not None:
-                self._forget(s)
+        sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
+        for s, why in broken.items():
+            fail(s, f"the model's forward pass failed for it ({why})", now)
+        touched = sched.update(batch, tokens, now, failures) + list(broken)  # ... then the bookkeeping
+        outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
         self._record(batch, events, touched, t0, t1, times)
@@ -245,6 +249,23 @@ class LLMEngine:
         held = self.requests.pop(seq.request_id, None)
         if self.debug:
             assert held is seq, f"request {seq.request_id} ended twice"
+
+    def _outputs(self, touched: list[Sequence], now: float) -> list[RequestOutput]:
+        """The step's outputs; the requests that ended are forgotten. If decoding is interrupted
+        (Ctrl-C in a slow tokenizer), the step's tokens still stand and no ended request is lost:
+        their final outputs go out with the next `step()` (with text None where not yet decoded)."""
+        outs: list[RequestOutput] = []
+        try:
+            for s in touched:
+                outs.append(self._output(s, now))
+        finally:
+            if len(outs) < len(touched):  # interrupted
+                self._undelivered += [o for o in outs if o.finished] + \
+                    [request_output(s, None) for s in touched[len(outs):] if s.finish_reason is not None]
+            for s in touched:
+                if s.finish_reason is not None:
+                    self._forget(s)
+        return outs
 
     def _output(self, s: Sequence, now: float) -> RequestOutput:
         """`s`'s output; if its text cannot be decoded, it ends with an error (the others go on)."""
@@ -355,9 +376,15 @@ def _id_key(request_id: Any) -> str:
     """Request ids are strings; an int is taken as its decimal string (so 5 and "5" are one id)."""
     if isinstance(request_id, str):
         return request_id
-    if isinstance(request_id, int) and not isinstance(request_id, bool):
-        return str(request_id)
-    raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} ({checks.show(request_id)})")
+    try:  # an int as the package's checks define one: numpy's too, never a bool
+        n = checks.integer("request_id", request_id)
+    except TypeError:
+        raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} "
+                        f"({checks.show(request_id)})") from None
+    try:
+        return str(n)
+    except ValueError:  # Python refuses to print ints over 4300 digits
+        raise ValueError(f"request_id is {checks.show(n)}: too long to be an id; use a str") from None
 
 
 def _params_per_prompt(sampling_params: Any, n: int) -> list:

@@ -108,6 +108,38 @@ class ModelRunner:
         return tokens, failures, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2)
 
 
+    def run_isolating(self, batch: SchedulerOutput) -> tuple[SchedulerOutput, list[int], dict[int, str], StepTimes,
+                                                             dict[Sequence, str]]:
+        """`run(batch)`, but when its forward pass raises, find out whether some requests are the
+        cause: each is run alone (forward only, so no random number is drawn). If some fail alone
+        and others don't, the failing ones are left out — returned as `{request: why}` for the
+        engine to end — and the rest run as one batch. Otherwise (a flaky or broken model, not one
+        request's problem) the error is raised, and the engine stands as before the step.
+        Returns the batch that ran, then what `run` returns, then the requests left out."""
+        try:
+            return (batch, *self.run(batch), {})
+        except Exception:
+            broken = {s: why for s in batch.seqs if (why := self._fails_alone(s)) is not None}
+            if not broken or len(broken) == len(batch.seqs):
+                raise
+        rest = [s for s in batch.seqs if s not in broken]
+        decode = sum(s.num_scheduled_tokens == 1 and s.num_computed_tokens == s.num_tokens - 1 for s in rest)
+        ran = SchedulerOutput(rest, sum(s.num_scheduled_tokens for s in rest) - decode, decode)
+        return (ran, *self.run(ran), broken)
+
+    @torch.inference_mode()
+    def _fails_alone(self, s: Sequence) -> str | None:
+        """Why the forward pass of `s`'s scheduled tokens, alone, raises; None if it doesn't. (It
+        writes only `s`'s own new KV slots, which the next computation of those tokens rewrites.)"""
+        try:
+            inputs = self.prepare(SchedulerOutput([s], 0, 0))
+            self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
+                       logits_indices=inputs.logits_indices)
+        except Exception as exc:  # noqa: BLE001 - this request's failure, reported as its own
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+
 class KVSwapper:
     """Copies KV blocks between the device cache and a CPU pool of the same per-block shape
     (pinned on CUDA, so the copies can overlap). The scheduler calls it with (device, cpu) block pairs."""

@@ -214,7 +214,7 @@ def check_engine_loop(step: Callable[[SimEngine], Any] | Sequence[str], *, quiet
             probe = SimEngine(**WORKLOADS["trickle"]())
             call_with_time_limit(probe.run_step, step)
             order = " → ".join(probe.calls)
-        except (Exception, CodeTimeout):  # the cases above already reported it
+        except (Exception, SystemExit, CodeTimeout):  # the cases above already reported it
             order = None
     lines = [result.report]
     if order:

@@ -8,16 +8,19 @@ does, the report says so rather than guess. The result is a `GradeResult`, truth
 
 Code that never returns is stopped. Every case runs the learner's code under a time limit
 (`TIME_LIMIT_S`), enforced by a trace function (`sys.settrace`) that checks the clock at every line
-the learner's code runs and at every call it makes; past the deadline it raises `CodeTimeout` in
-that code, and the grader reports "your step() did not return within 10 s" instead of hanging the
-cell. Why a trace function: `signal.alarm` exists only on Unix and only in the main thread (not on
+and opcode the learner's code runs (opcodes too: a loop on one line runs no new line) and at every
+call it makes; past the deadline it raises `CodeTimeout` in that code, and the grader reports
+"your step() did not return within 10 s" instead of hanging the cell. Why a trace function: `signal.alarm` exists only on Unix and only in the main thread (not on
 Windows kernels, not in a worker thread); a watchdog thread cannot stop a Python loop; a separate
 process would have to pickle the learner's classes, which notebooks define in `__main__`. Tracing
 works in any thread on every OS, and costs only while graded code runs: the package's own code is
-not traced line by line. (Only a loop inside one C call — `time.sleep(1e9)` — escapes it.)
+not traced line by line. The learner's results are compared and printed under the same limit (an
+`__eq__` or `__repr__` of their own may raise or loop), and `sys.exit()` is a failed case.
+(Only a loop inside one C call — `time.sleep(1e9)` — escapes it.)
 """
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import time
@@ -96,7 +99,7 @@ def call_with_time_limit(fn: Callable[..., Any], *args: Any, seconds: float | No
     clock = time.monotonic
     entry = sys._getframe()  # the stack above this frame is the grader's, not the learner's
 
-    def line(frame, event, arg):  # in the learner's frames: every line, call and return
+    def line(frame, event, arg):  # in the learner's frames: every line, opcode, call and return
         if clock() > deadline:
             raise CodeTimeout(_learner_function(frame, entry), seconds)
         return line
@@ -104,7 +107,11 @@ def call_with_time_limit(fn: Callable[..., Any], *args: Any, seconds: float | No
     def call(frame, event, arg):  # every new frame; the package's own are not traced line by line
         if clock() > deadline:
             raise CodeTimeout(_learner_function(frame, entry), seconds)
-        return None if frame.f_code.co_filename.startswith(_PACKAGE_DIR) else line
+        if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            return None
+        # every opcode, not only every line: a loop on one line (`while busy: pass`) runs no new line
+        frame.f_trace_opcodes = True
+        return line
 
     previous = sys.gettrace()  # (a debugger's or coverage's tracer comes back afterwards)
     sys.settrace(call)
@@ -165,12 +172,31 @@ def _outcome(case: Case, impl: Any) -> Any:
         raise
     except CodeTimeout as stop:
         return _TimedOut(stop)
-    except Exception as exc:  # the learner's bug is data here, not a crash of the notebook
+    except (Exception, SystemExit) as exc:  # the learner's bug (even a sys.exit()) is data here, not a crash of the notebook
         return _Raised(exc)
 
 
+def _same(a: Any, b: Any, *, hang: bool = False) -> bool:
+    """`a == b` for results that may hold the learner's objects (a numpy array, a class of their
+    own): their `__eq__` and `__bool__` run under the time limit, and a comparison that raises or
+    gives no plain truth value (an array's ambiguous one) counts as "not equal". One that hangs
+    raises `CodeTimeout` (the grader reports it and stops), or with `hang=True` is "not equal" too."""
+    try:
+        return call_with_time_limit(lambda: bool(operator.eq(a, b)))
+    except Exception:
+        return False
+    except CodeTimeout:
+        if hang:
+            return False
+        raise
+
+
 def _short(value: Any, limit: int = 300) -> str:
-    text = repr(value)
+    """`repr(value)`, cut to `limit`; a learner's `__repr__` that raises or hangs cannot break the report."""
+    try:
+        text = call_with_time_limit(repr, value)
+    except (Exception, CodeTimeout):
+        text = f"<a {type(value).__name__} whose repr() failed>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -190,9 +216,14 @@ def grade(
         for case in cases:
             expected = case.run(reference)
             got = _outcome(case, candidate)
+            if not isinstance(got, _TimedOut):
+                try:
+                    same = _same(got, expected)
+                except CodeTimeout as stop:  # the learner's result has an __eq__ that never returns
+                    got = _TimedOut(stop)
             if isinstance(got, _TimedOut):  # stop here: every further case could hang just as long
                 return _report_timeout(exercise, case, got, n_passed, len(cases), quiet)
-            if got == expected:
+            if same:
                 n_passed += 1
             elif failure is None:
                 failure = (case, expected, got)
@@ -262,14 +293,14 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
     for c in cases:  # after one case that hangs, don't wait for the others
         hung = any(isinstance(v, _TimedOut) for v in mine.values())
         mine[c.name] = _TimedOut(CodeTimeout("your code", 0)) if hung else _safe(c, candidate)
-    failed = [c for c in cases if mine[c.name] != _safe(c, reference)]
+    failed = [c for c in cases if not _same(mine[c.name], _safe(c, reference), hang=True)]
     best, best_key = None, (-1, -1)
     for mistake in mistakes:
         theirs = {c.name: _safe(c, mistake.impl) for c in cases}
-        if theirs[failing.name] != mine[failing.name]:
+        if not _same(theirs[failing.name], mine[failing.name], hang=True):
             continue
-        reproduced = sum(theirs[c.name] == mine[c.name] for c in failed)
-        key = (reproduced, sum(theirs[c.name] == mine[c.name] for c in cases))
+        reproduced = sum(_same(theirs[c.name], mine[c.name], hang=True) for c in failed)
+        key = (reproduced, sum(_same(theirs[c.name], mine[c.name], hang=True) for c in cases))
         if reproduced >= MISTAKE_MIN_SHARE * len(failed) and key > best_key:
             best, best_key = mistake, key
     return best, (max(best_key[0], 0), len(failed))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Number, Real
 from typing import Any, Hashable, Mapping
 
 from inflight.checks import integer, number, priority as check_priority, show
@@ -51,19 +51,23 @@ class _SchedulerBase:
             hash(request_id)
         except TypeError:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
-        if isinstance(request_id, float) and request_id != request_id:
+        if isinstance(request_id, Number) and request_id != request_id:  # (numpy's and Decimal's NaN too)
             raise ValueError("request_id NaN cannot be sorted (it is neither smaller nor larger than any id)")
         if not self._unfinished:
             return
         other = next(iter(self._unfinished))
-        if _id_kind(other) is not _id_kind(request_id):
+        kind = _id_kind(request_id)
+        if _id_kind(other) is not kind:
             raise TypeError(f"request_id {show(request_id)} ({type(request_id).__name__}) cannot be sorted with the "
                             f"other ids ({show(other)} is a {type(other).__name__}): use ids of one type")
+        # numbers sort with numbers and strings with strings; any other kind (tuples, say) is sorted
+        # with every unfinished id, since (1, 7) sorts with (3, 'y') but not with (1, 'x')
+        others = [other] if kind in (Real, str, bytes) else list(self._unfinished)
         try:
-            sorted([other, request_id])
-        except TypeError:
+            sorted(others + [request_id])
+        except (TypeError, ArithmeticError) as exc:
             raise TypeError(f"request_id {show(request_id)} cannot be sorted with the other ids (e.g. "
-                            f"{show(other)}): use ids that compare with each other") from None
+                            f"{show(other)}): use ids that compare with each other ({exc})") from None
 
     # --- read-only views, for chapters and tests -------------------------------------------------
     @property
@@ -189,7 +193,11 @@ class PriorityScheduler(ContinuousBatchScheduler):
                  priorities: Mapping[Any, int] | None = None):
         super().__init__(max_batch_size, max_memory)
         self.aging = check_aging(aging)
-        self.priorities = dict(priorities or {})
+        try:
+            self.priorities = dict(priorities or {})
+        except (TypeError, ValueError):
+            raise TypeError("priorities must be a mapping of request id -> priority, got "
+                            f"{type(priorities).__name__} ({show(priorities)})") from None
         self._now = 0                      # steps run so far
         self._seq = 0
 
