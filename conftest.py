@@ -9,8 +9,8 @@ CHAPTERS = ROOT / "chapters"
 
 def _covers_chapters(config) -> bool:
     args = [a for a in config.invocation_params.args if not a.startswith("-")]
-    if not args:  # plain `pytest`: testpaths include chapters/
-        return True
+    if not args:  # plain `pytest`: testpaths (tests/ only; `pytest chapters` executes the chapters)
+        return False
     return any(Path(a.split("::")[0]).resolve() in (CHAPTERS, ROOT) for a in args)
 
 

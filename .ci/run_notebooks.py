@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -117,13 +118,19 @@ def unknown_numbers(nb) -> int:
                and any(note in o.get("data", {}).get("text/markdown", "") for o in c.get("outputs", [])))
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have exited."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_one(path: Path, kernel: str, timeout: int) -> dict:
     nb = nbformat.read(path, as_version=4)
     learner = path.parent.name == "learner"
     exercises = append_regrades(nb, nbformat.read(ROOT / "chapters" / path.name, as_version=4)) if learner else 0
     client = NotebookClient(nb, kernel_name=kernel, timeout=timeout, allow_errors=False,
                             resources={"metadata": {"path": str(path.parent)}})
-    start = time.perf_counter()
+    start, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]
     row = {"notebook": f"{path.parent.name}/{path.name}", "ok": True, "problems": []}
     if learner:
         row["exercises_regraded"] = exercises
@@ -137,6 +144,10 @@ def run_one(path: Path, kernel: str, timeout: int) -> dict:
         row["ok"] = False
         row["problems"].append(f"{type(exc).__name__}: {str(exc)[:500]}")
     row["seconds"] = round(time.perf_counter() - start, 1)
+    # the kernel's CPU time (it has exited and been waited for): what the notebook cost, however busy
+    # the machine was; and the load average (1 min) before and after
+    row["cpu_seconds"] = round(_children_cpu() - cpu0, 1)
+    row["load"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     if not row["ok"]:
         kernel_log.seek(0)
         row["kernel_log"] = kernel_log.read()[-3000:]
@@ -152,7 +163,8 @@ def print_row(row: dict, label: str) -> None:
     status = "ok  " if row["ok"] else "FAIL"
     extra = (f"  ({row['exercises_regraded']} exercise(s) graded again with the solution pasted in: passed)"
              if row["ok"] and row.get("exercises_regraded") else "")
-    print(f"{label}{status} {row['seconds']:6.1f} s  {row['notebook']}{extra}", flush=True)
+    print(f"{label}{status} {row['seconds']:6.1f} s wall {row['cpu_seconds']:5.1f} s CPU  load {row['load'][0]:4.1f}"
+          f"->{row['load'][1]:4.1f}  {row['notebook']}{extra}", flush=True)
     for problem in row["problems"]:
         print(f"       {problem}", flush=True)
     if row.get("kernel_log"):
@@ -184,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                 print_row(row, args.label)
     rows.sort(key=lambda r: r["notebook"])
     print(f"{args.label}wall time {time.perf_counter() - start:.0f} s with {args.jobs} notebook(s) at a time")
-    total = sum(r["seconds"] for r in rows)
+    total, cpu = sum(r["seconds"] for r in rows), sum(r["cpu_seconds"] for r in rows)
     failed = [r["notebook"] for r in rows if not r["ok"]]
-    print(f"{args.label}{len(rows) - len(failed)} passed, {len(failed)} failed, {total:.0f} s in all")
+    print(f"{args.label}{len(rows) - len(failed)} passed, {len(failed)} failed, {total:.0f} s in all, {cpu:.0f} s CPU")
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps({"python": args.python or sys.executable, "notebooks": rows}, indent=1))
