@@ -30,3 +30,11 @@ def test_report_has_both_runs_and_the_target_on_the_default():
     assert v["kept"] == pytest.approx(v["busy"]["tokens_per_s"] / v["quiet"]["tokens_per_s"])
     assert v["quiet"]["passive_wait"] is True and v["busy"]["passive_wait"] is True
     assert res["target"]["keep_at_least"] == busy.KEEP_TARGET and res["competitors"] == 1
+
+
+def test_measure_here_runs_this_process_alone_and_beside_competitors():
+    from inflight.model.loading import load_tiny
+
+    res = busy.measure_here(load_tiny()[0], n=2, competitors=1)
+    assert res["competitors"] == 1 and res["quiet"]["tokens_per_s"] > 0 and res["busy"]["tokens_per_s"] > 0
+    assert res["kept"] == pytest.approx(res["busy"]["tokens_per_s"] / res["quiet"]["tokens_per_s"])

@@ -27,9 +27,10 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
-__all__ = ["VARIANTS", "run_variant", "run_busy_benchmark", "main"]
+__all__ = ["VARIANTS", "run_variant", "run_busy_benchmark", "measure_here", "competitors_running", "main"]
 
 #: variant -> (environment changes, torch imported before inflight, torch threads or None for torch's default)
 VARIANTS: dict[str, tuple[dict[str, str | None], bool, int | None]] = {
@@ -45,16 +46,24 @@ def _child(n: int, torch_first: bool, threads: int | None) -> dict[str, Any]:
     """One engine run in this process (the parent chose the environment); returns its figures."""
     import torch  # (for `spin`, the parent's command line imported it before inflight: OpenMP spins)
 
-    from inflight.bench.prompts import make_workload
-    from inflight.bench.runners import run_engine
     from inflight.model.loading import load_tiny
-    from inflight.threads import LoadWatch, passive_wait_in_effect
 
     if threads:
         torch.set_num_threads(threads)
-    model = load_tiny()[0]
-    w = make_workload("long_tailed", n, 0, model.config.vocab_size, max_context=model.config.max_position_embeddings)
-    warm = make_workload("long_tailed", 2, 1, model.config.vocab_size, max_context=model.config.max_position_embeddings)
+    return _engine_run(load_tiny()[0], n)
+
+
+def _engine_run(model: Any, n: int) -> dict[str, Any]:
+    """The paged engine on `n` long-tailed requests in this process, after a short warm-up."""
+    import torch
+
+    from inflight.bench.prompts import make_workload
+    from inflight.bench.runners import run_engine
+    from inflight.threads import LoadWatch, passive_wait_in_effect
+
+    ctx = model.config.max_position_embeddings
+    w = make_workload("long_tailed", n, 0, model.config.vocab_size, max_context=ctx)
+    warm = make_workload("long_tailed", 2, 1, model.config.vocab_size, max_context=ctx)
     kw = dict(block_size=16, num_blocks=n * 16, max_batch_size=64, mode="paged")
     run_engine(model, warm, **kw)  # first-call costs (allocator, operator caches) out of the measurement
     with LoadWatch(sample_seconds=0.1) as watch:
@@ -62,6 +71,34 @@ def _child(n: int, torch_first: bool, threads: int | None) -> dict[str, Any]:
     return {"tokens_per_s": w.useful_tokens / rec.wall, "wall_s": rec.wall, "cpu_s": watch.cpu_seconds,
             "threads": torch.get_num_threads(), "passive_wait": passive_wait_in_effect(),
             "other_cores_during": watch.other_cores}
+
+
+@contextmanager
+def competitors_running(count: int) -> Iterator[None]:
+    """`count` CPU-bound programs (`while True: pass`) for the duration of the block."""
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(count)]
+    try:
+        if spinners:
+            time.sleep(0.5)  # let them reach the cores first
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
+
+
+def measure_here(model: Any, n: int = 16, competitors: int | None = None) -> dict[str, Any]:
+    """This process's own setting (whatever thread policy it loaded torch with): the engine alone,
+    then beside one CPU-bound program per core. Cheap enough for a notebook: no new processes for
+    the engine, so only this process's setting is measured (the other settings need `run_variant`)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    competitors = cores if competitors is None else competitors
+    quiet = _engine_run(model, n)
+    with competitors_running(competitors):
+        busy = _engine_run(model, n)
+    return {"requests": n, "cores": cores, "competitors": competitors, "quiet": quiet, "busy": busy,
+            "kept": busy["tokens_per_s"] / quiet["tokens_per_s"]}
 
 
 def _env(changes: dict[str, str | None]) -> dict[str, str]:
@@ -79,21 +116,13 @@ def run_variant(name: str, n: int, competitors: int) -> dict[str, Any]:
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
     changes, torch_first, threads = VARIANTS[name]
-    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(competitors)]
-    try:
-        if spinners:
-            time.sleep(0.5)  # let them reach the cores first
-        # `python -m inflight.bench.busy` would import inflight (and set the policy) before anything else
-        args = ["--child", "-n", str(n), "--threads", str(threads or 0)] + (["--torch-first"] if torch_first else [])
-        code = (("import torch; " if torch_first else "")
-                + f"import sys; from inflight.bench.busy import main; sys.exit(main({args!r}))")
+    # `python -m inflight.bench.busy` would import inflight (and set the policy) before anything else
+    args = ["--child", "-n", str(n), "--threads", str(threads or 0)] + (["--torch-first"] if torch_first else [])
+    code = (("import torch; " if torch_first else "")
+            + f"import sys; from inflight.bench.busy import main; sys.exit(main({args!r}))")
+    with competitors_running(competitors):
         out = subprocess.run([sys.executable, "-c", code], env=_env(changes), capture_output=True, text=True,
                              check=False)
-    finally:
-        for p in spinners:
-            p.kill()
-        for p in spinners:
-            p.wait()
     if out.returncode != 0:
         raise RuntimeError(f"variant {name!r} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
