@@ -7,20 +7,12 @@ import pytest
 import torch
 
 from inflight.engine.llm_engine import LLMEngine, RequestOutput
-from inflight.model.llama import LlamaConfig, LlamaModel
 from inflight.engine.sampling import SamplingParams
 
 torch.set_num_threads(1)
 
 VOCAB = 61
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
-    return LlamaModel(cfg).eval()
 
 
 def _prompts(n, seed, lo=1, hi=30):

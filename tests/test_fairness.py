@@ -111,20 +111,10 @@ def test_equal_priorities_is_chapter4_fifo(spec, slots, max_memory, aging, prio)
 
 
 # -- the engine: priorities from SamplingParams or add_request, aging, victims ---------------------
-import torch  # noqa: E402
 
 from inflight.engine.llm_engine import LLMEngine  # noqa: E402
-from inflight.model.llama import LlamaConfig, LlamaModel  # noqa: E402
 from inflight.engine.sampling import SamplingParams  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
-    return LlamaModel(cfg).eval()
 
 
 def _admission_order(engine):

@@ -205,22 +205,12 @@ TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40, de
 
 
 # -- end to end: the engine with prefix caching --------------------------------------------------
-import torch  # noqa: E402
 
 from inflight.engine.llm_engine import LLMEngine  # noqa: E402
-from inflight.model.llama import LlamaConfig, LlamaModel  # noqa: E402
 from inflight.engine.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 61
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
-    return LlamaModel(cfg).eval()
 
 
 def _shared_prompts(n, seed, system_len=13, lo=1, hi=9, share=0.75):

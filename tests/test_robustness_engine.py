@@ -18,19 +18,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from inflight import checks
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.sampling import SamplingParams
-from inflight.model.llama import LlamaConfig, LlamaModel
 
 torch.set_num_threads(1)
 VOCAB = 61
 TRIED: Counter = Counter()  # bad inputs tried / accepted, per test (reported at the end of the module)
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
-    return LlamaModel(cfg).eval()
 
 
 @pytest.fixture(scope="module", autouse=True)

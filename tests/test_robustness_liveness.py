@@ -22,7 +22,6 @@ from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.sampling import SamplingParams
 from inflight.engine.sequence import Sequence
 from inflight.exercises.engine_loop import reference_step
-from inflight.model.llama import LlamaConfig, LlamaModel
 from inflight.sim.engine_sim import SimEngine
 from inflight.sim.workloads import Request
 
@@ -36,13 +35,6 @@ def report():
     yield
     print("\nliveness counts:", dict(COUNTS))
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
-    return LlamaModel(cfg).eval()
 
 
 # -- the instances the issue reported, and the ones a random search of the old rules found ---------
