@@ -7,6 +7,7 @@ import torch
 
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.sampling import SamplingParams
+from test_robustness_engine import drain  # step until every request has returned its final output
 
 torch.set_num_threads(1)
 VOCAB = 61
@@ -25,15 +26,6 @@ class Tokenizer:
             self.interrupt = False
             raise KeyboardInterrupt  # the user pressed Ctrl-C while a slow tokenizer decoded
         return " ".join(map(str, ids))
-
-
-def drain(engine, limit=1000):
-    final = {}
-    for _ in range(limit):
-        if not engine.has_unfinished_requests():
-            return final
-        final.update((o.request_id, o) for o in engine.step() if o.finished)
-    raise AssertionError("the engine did not finish")
 
 
 def test_ctrl_c_while_decoding_loses_no_request(model):
