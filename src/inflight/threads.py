@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "passive_wait_in_effect",
-           "BUSY_RUNNABLE"]
+           "usable_cores", "BUSY_RUNNABLE"]
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
 #: a machine is "busy" when, on average, at least this many other threads were runnable (or other
@@ -46,7 +46,8 @@ def passive_wait_in_effect() -> bool:
     return not _TORCH_LOADED_BEFORE_INFLIGHT
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity on Linux, else every core)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
@@ -71,7 +72,7 @@ def configure_threads(threads: int | None = None) -> ThreadConfig:
     collapse, while one thread degrades gracefully to its fair share of a core."""
     import torch
 
-    cores = _usable_cores()
+    cores = usable_cores()
     passive = passive_wait_in_effect()
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -122,7 +123,7 @@ def machine_load(seconds: float = 0.2, samples: int = 10) -> MachineLoad:
     except (AttributeError, OSError):
         avg = (0.0, 0.0, 0.0)
     others = sum(counts) / len(counts) if counts else avg[0]
-    return MachineLoad(_usable_cores(), avg, others, _cpu_pressure(), _runnable_names())
+    return MachineLoad(usable_cores(), avg, others, _cpu_pressure(), _runnable_names())
 
 
 def _running_threads() -> int | None:

@@ -30,6 +30,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from inflight.threads import usable_cores
+
 __all__ = ["VARIANTS", "run_variant", "run_busy_benchmark", "measure_here", "competitors_running", "main"]
 
 #: variant -> (environment changes, torch imported before inflight, torch threads or None for torch's default)
@@ -92,7 +94,7 @@ def measure_here(model: Any, n: int = 16, competitors: int | None = None) -> dic
     """This process's own setting (whatever thread policy it loaded torch with): the engine alone,
     then beside one CPU-bound program per core. Cheap enough for a notebook: no new processes for
     the engine, so only this process's setting is measured (the other settings need `run_variant`)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     competitors = cores if competitors is None else competitors
     quiet = _engine_run(model, n)
     with competitors_running(competitors):
@@ -133,7 +135,7 @@ def run_busy_benchmark(n: int = 64, variants: Sequence[str] = tuple(VARIANTS), c
     """Quiet and busy runs of every variant; the busy/quiet ratio of each and the target on the default."""
     from inflight.threads import machine_load
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     competitors = cores if competitors is None else competitors
     res: dict[str, Any] = {"requests": n, "cores": cores, "competitors": competitors,
                            "load_before": machine_load().as_dict(), "variants": {}}
