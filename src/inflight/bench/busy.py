@@ -44,7 +44,7 @@ KEEP_TARGET = 0.40
 _SPIN = "while True: pass"
 
 
-def _child(n: int, torch_first: bool, threads: int | None) -> dict[str, Any]:
+def _child(n: int, threads: int | None) -> dict[str, Any]:
     """One engine run in this process (the parent chose the environment); returns its figures."""
     import torch  # (for `spin`, the parent's command line imported it before inflight: OpenMP spins)
 
@@ -119,7 +119,7 @@ def run_variant(name: str, n: int, competitors: int) -> dict[str, Any]:
         raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
     changes, torch_first, threads = VARIANTS[name]
     # `python -m inflight.bench.busy` would import inflight (and set the policy) before anything else
-    args = ["--child", "-n", str(n), "--threads", str(threads or 0)] + (["--torch-first"] if torch_first else [])
+    args = ["--child", "-n", str(n), "--threads", str(threads or 0)]
     code = (("import torch; " if torch_first else "")
             + f"import sys; from inflight.bench.busy import main; sys.exit(main({args!r}))")
     with competitors_running(competitors):
@@ -163,13 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--competitors", type=int, default=None, help="spinning processes (default: one per core)")
     p.add_argument("--out", default=None, help="write the results JSON here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--torch-first", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.num_requests < 1:
         p.error(f"--num-requests must be >= 1, got {a.num_requests}")
     if a.child:
-        print(json.dumps(_child(a.num_requests, a.torch_first, a.threads or None)))
+        print(json.dumps(_child(a.num_requests, a.threads or None)))
         return 0
     res = run_busy_benchmark(a.num_requests, [v.strip() for v in a.variants.split(",") if v.strip()], a.competitors)
     if res.get("quiet_runs_other_cores_max") and res["quiet_runs_other_cores_max"] >= 0.5:
