@@ -161,8 +161,17 @@ def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
     assert {"ideal_speedup", "static_steps", "continuous_steps", "realized_fraction"} <= set(lt["ideal"])
     assert data["workloads"]["online"]["rates"]["1"]["modes"]["paged"]["status"] == "ok"
     assert data["device_limits"]["matmul_flops_per_s"] > 0
+    work = lt["modes"]["paged"]["work_per_step"]
+    assert len(work["tokens"]) == lt["modes"]["paged"]["forward_calls"] > 0  # one entry per forward pass
+    assert sum(work["tokens"]) == lt["modes"]["paged"]["forward_tokens"]
+    floor = data["time_floor"]
+    assert floor["status"] == "ok", floor
+    assert 0 < floor["linear_layers_s"] < floor["wall_s"]
+    assert floor["rest_share"] == pytest.approx(1 - floor["linear_share"] - floor["kv_share"], abs=1e-5)
+    assert set(floor["ratio_bounds"]) == {"hf_static", "hf_continuous", "static"}
+    assert "bound_linear_layers_alone" in data["targets"]["paged_50pct_of_compute_roof"]
     report = bench.format_report(res)
-    assert "long_tailed" in report and "targets" in report
+    assert "long_tailed" in report and "targets" in report and "where the paged run's time went" in report
 
 
 def test_token_ids_share_a_prefix_and_online_arrivals_keep_the_requests():

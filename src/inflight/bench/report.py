@@ -58,6 +58,7 @@ def format_report(results: dict[str, Any]) -> str:
                     format_table(w["modes"]), _ideal_line(w["ideal"])]
     out += _online_lines(results["workloads"].get("online"))
     out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
+    out += _floor_lines(results.get("time_floor") or {})
     for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
                        ("prefix_caching", "prefix caching (inflight.bench.prefix)"),
                        ("decode_step", "decode step at batch 1 (inflight.bench.decode_step)")):
@@ -127,6 +128,26 @@ def _limits_lines(lim: dict[str, Any], modes: dict[str, Any]) -> list[str]:
                    f"tok/s, achieved {_f(frac, '.1%')}; linear layers alone {_f(lin, '.0f')} tok/s "
                    f"({_f(lin / r['roof_tokens_per_s'] if lin else None, '.0%')} of the roof), achieved "
                    f"{_f(tps / lin if lin and tps else None, '.0%')} of that")
+    return out
+
+
+def _floor_lines(floor: dict[str, Any]) -> list[str]:
+    """Where the paged run's time went against the floors of its own work, and what they allow."""
+    if floor.get("status") != "ok":
+        return []
+    out = ["", f"where the paged run's time went (inflight.bench.floor): {floor['wall_s']:.2f} s = linear layers "
+               f"at their measured rate {floor['linear_layers_s']:.2f} s ({floor['linear_share']:.0%}) + one KV read "
+               f"per step at the copy rate {floor['kv_read_s']:.2f} s ({floor['kv_share']:.0%}) + everything else "
+               f"{floor['rest_s']:.2f} s ({floor['rest_share']:.0%})",
+           f"  fastest this workload allows here: {floor['max_tokens_per_s_linear_only']:.0f} tok/s with only the "
+           f"linear layers, {floor['max_tokens_per_s_linear_and_kv']:.0f} with one KV read per step"]
+    for peer, b in floor.get("ratio_bounds", {}).items():
+        out.append(f"  largest possible ratio over {MODE_TITLES.get(peer, peer)}: {b['linear_only']:.1f}x "
+                   f"(linear only), {b['linear_and_kv']:.1f}x (with the KV read)")
+    at = floor.get("linear_layers_at_batch")
+    if at:
+        out.append(f"  linear layers alone at batch {at['batch']}: {at['tokens_per_s']:.0f} tok/s = "
+                   f"{at['fraction_of_compute_roof']:.0%} of the compute roof")
     return out
 
 

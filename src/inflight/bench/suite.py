@@ -25,10 +25,12 @@ import torch
 from inflight.bench import attention, prefix
 from inflight.bench.agreement import describe_failure, policy_for, teacher_forced_deviation
 from inflight.bench.decode_step import decode_step_report, decode_step_times
+from inflight.bench.floor import ratio_bounds, time_floor
 from inflight.bench.config import MODE_TITLES, MODES, BenchConfig, BenchSetup
 from inflight.bench.metrics import check_outputs, device_limits, ideal_speedup, summarize, targets
 from inflight.bench.models import BenchModel, describe_model, load_model
 from inflight.bench.peers import run_hf_continuous, run_hf_static, to_transformers
+from inflight.bench.profiling import measure_linear_layers
 from inflight.bench.prompts import Workload, make_workload, with_poisson_arrivals
 from inflight.bench.record import RunRecord, kv_bytes_per_token
 from inflight.bench.runners import run_engine, run_static
@@ -143,6 +145,7 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True, lo
         roof = lim.get("per_mode", {}).get(m, {}).get("roof_tokens_per_s")
         if roof and v.get("tokens_per_s"):
             v["fraction_of_roof"] = v["tokens_per_s"] / roof
+    results["time_floor"] = _floor_section(bm.model, lt_modes, lim, cfg)
     results["attention_bench"] = _attention_section(cfg.quick) if cfg.attention_bench else {"status": "skipped"}
     results["prefix_caching"] = _prefix_section(cfg.quick, bm.model) if cfg.prefix_bench else {"status": "skipped"}
     results["decode_step"] = (_section(decode_step_times, decode_step_report, model=bm.model, steps=10 if cfg.quick else 50)
@@ -234,6 +237,26 @@ def _limits(model: Any, lt: Workload, lt_modes: dict[str, Any], quick: bool) -> 
         return device_limits(model, mean_ctx, batches, 0.2 if quick else 0.5)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+    """The paged run against the lower bounds of its own work (`bench.floor`): where its time went,
+    the fastest the workload allows here, the largest ratio over each peer that allows, and the
+    linear layers alone at the benchmark's batch size (the ceiling of the roof target)."""
+    paged = lt_modes.get("paged") or {}
+    if paged.get("status") != "ok" or not paged.get("work_per_step") or "memory_bytes_per_s" not in lim:
+        return {"status": "skipped", "reason": "needs an ok paged run on long_tailed and the device limits"}
+    try:
+        floor = time_floor(model, paged, lim["memory_bytes_per_s"], lim["kv_bytes_per_token"],
+                           points=5 if cfg.quick else 8, min_seconds=0.02 if cfg.quick else 0.05)
+        at_batch = cfg.batch_size / measure_linear_layers(model, cfg.batch_size, min_seconds=0.1 if cfg.quick else 0.25)
+    except Exception as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    peers = {m: (lt_modes.get(m) or {}).get("tokens_per_s") for m in ("hf_static", "hf_continuous", "static")}
+    floor["ratio_bounds"] = ratio_bounds(floor, peers)
+    floor["linear_layers_at_batch"] = {"batch": cfg.batch_size, "tokens_per_s": at_batch,
+                                       "fraction_of_compute_roof": at_batch / lim["compute_roof_tokens_per_s"]}
+    return {"status": "ok", **floor}
 
 
 def _header(cfg: BenchConfig, bm: BenchModel, setup: BenchSetup) -> dict[str, Any]:

@@ -1,0 +1,93 @@
+"""How far a run is from the fastest its own work allows: lower bounds on its time, measured here.
+
+Two parts of every forward pass have a floor this machine can measure:
+
+- the **linear layers**: each step's tokens through every `nn.Linear` of the model, timed alone at
+  that many rows (`profiling.measure_linear_layers`, on a grid of row counts, interpolated);
+- the **KV cache**: each step reads the keys and values of the requests it carries, at best as
+  fast as memory copies (`profiling.measure_memory_bandwidth`).
+
+What the run spent beyond those two — attention's arithmetic and indexing, norms, rotary,
+activations, sampling, Python — is what a better engine could still win back. The useful tokens
+divided by the linear floor alone is the fastest this model can serve this workload here even if
+everything else cost nothing; divided by a peer's speed, it is the largest ratio *any* engine could
+show against that peer on this machine. A target above that bound is out of reach, not unmet.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Sequence
+
+import torch
+
+from inflight.bench.profiling import measure_linear_layers
+
+__all__ = ["row_grid", "linear_seconds", "time_floor", "ratio_bounds"]
+
+
+def row_grid(rows: Sequence[int], points: int = 8) -> list[int]:
+    """At most `points` row counts, geometrically spaced from the smallest to the largest in `rows`
+    (both included): where the linear layers are timed."""
+    lo, hi = min(rows), max(rows)
+    if lo < 1:
+        raise ValueError(f"row counts must be >= 1, got {lo}")
+    if points < 2 or lo == hi:
+        return sorted({lo, hi})
+    grid = {round(lo * (hi / lo) ** (i / (points - 1))) for i in range(points)}
+    return sorted(grid | {lo, hi})
+
+
+def linear_seconds(model: torch.nn.Module, step_rows: Sequence[int], points: int = 8,
+                   min_seconds: float = 0.05) -> tuple[float, dict[int, float]]:
+    """Seconds the model's linear layers alone need for a run whose forward passes carried
+    `step_rows` tokens each: each step's time interpolated (piecewise linearly in rows) between the
+    measured grid points. Returns the total and the measured {rows: seconds} grid."""
+    rows = [int(r) for r in step_rows if r > 0]
+    if not rows:
+        return 0.0, {}
+    grid = row_grid(rows, points)
+    measured = {r: measure_linear_layers(model, r, repeats=5, min_seconds=min_seconds) for r in grid}
+    xs = sorted(measured)
+    total = 0.0
+    for r in rows:
+        i = bisect.bisect_left(xs, r)
+        if xs[i] == r:
+            total += measured[r]
+            continue
+        a, b = xs[i - 1], xs[i]  # r lies strictly between two grid points
+        total += measured[a] + (measured[b] - measured[a]) * (r - a) / (b - a)
+    return total, measured
+
+
+def time_floor(model: torch.nn.Module, run: dict[str, Any], bandwidth: float, kv_bytes_per_token: int,
+               points: int = 8, min_seconds: float = 0.05) -> dict[str, Any]:
+    """The lower bounds of one engine run (a mode summary with `work_per_step`) and how its wall
+    time splits against them; `bandwidth` in bytes/s (the measured copy rate)."""
+    work = run.get("work_per_step") or {}
+    tokens, kv_tokens = work.get("tokens") or [], work.get("kv_tokens") or []
+    wall = run.get("wall_s")
+    if not tokens or not wall:
+        raise ValueError("the run has no per-step work recorded (only engine modes record it)")
+    lin_s, grid = linear_seconds(model, tokens, points, min_seconds)
+    kv_s = sum(kv_tokens) * kv_bytes_per_token / bandwidth
+    useful = run["useful_tokens"]
+    return {"wall_s": wall, "steps": len(tokens), "forward_tokens": sum(tokens),
+            "linear_layers_s": lin_s, "kv_read_s": kv_s, "kv_read_bytes": sum(kv_tokens) * kv_bytes_per_token,
+            "rest_s": max(0.0, wall - lin_s - kv_s),
+            "linear_share": lin_s / wall, "kv_share": kv_s / wall, "rest_share": max(0.0, 1 - (lin_s + kv_s) / wall),
+            # the fastest this workload can be served here: only the linear layers cost anything, or
+            # the linear layers plus one read of the KV cache per step
+            "max_tokens_per_s_linear_only": useful / lin_s if lin_s else None,
+            "max_tokens_per_s_linear_and_kv": useful / (lin_s + kv_s) if lin_s + kv_s else None,
+            "linear_grid_ms": {str(r): s * 1e3 for r, s in grid.items()}}
+
+
+def ratio_bounds(floor: dict[str, Any], peers: dict[str, float | None]) -> dict[str, dict[str, float]]:
+    """The largest ratio over each peer (its tokens/s) that any engine could reach on this machine:
+    the floor's maximum speed over the peer's measured speed."""
+    out = {}
+    for name, tps in peers.items():
+        if tps:
+            out[name] = {"linear_only": floor["max_tokens_per_s_linear_only"] / tps,
+                         "linear_and_kv": floor["max_tokens_per_s_linear_and_kv"] / tps}
+    return out

@@ -1,0 +1,52 @@
+"""The lower bounds of `inflight.bench.floor`: where the linear layers are timed, how a run's steps
+add up from that grid, and what the bounds say about a peer."""
+import pytest
+
+from inflight.bench import floor as fl
+
+
+def test_row_grid_spans_the_rows_geometrically():
+    grid = fl.row_grid([3, 1, 7, 200, 50], points=5)
+    assert grid[0] == 1 and grid[-1] == 200
+    assert grid == sorted(set(grid)) and len(grid) <= 5
+    ratios = [b / a for a, b in zip(grid, grid[1:])]
+    assert max(ratios) / min(ratios) < 1.5  # evenly spaced on a log scale (up to rounding)
+    assert fl.row_grid([4, 4, 4]) == [4]
+    with pytest.raises(ValueError, match=">= 1"):
+        fl.row_grid([0, 3])
+
+
+def test_linear_seconds_interpolates_between_measured_rows(model, monkeypatch):
+    calls = []
+
+    def fake(m, rows, repeats=5, min_seconds=0.0):  # an affine cost: 1 ms + 0.1 ms per row
+        calls.append(rows)
+        return 1e-3 + 1e-4 * rows
+
+    monkeypatch.setattr(fl, "measure_linear_layers", fake)
+    total, grid = fl.linear_seconds(model, [1, 10, 10, 100, 0], points=3)
+    assert sorted(calls) == sorted(grid) and grid[1] == pytest.approx(1.1e-3)
+    # steps with no tokens cost nothing; an affine cost is interpolated exactly
+    assert total == pytest.approx(sum(1e-3 + 1e-4 * r for r in (1, 10, 10, 100)))
+    assert fl.linear_seconds(model, []) == (0.0, {})
+
+
+def test_linear_seconds_measures_the_real_layers(model):
+    total, grid = fl.linear_seconds(model, [1, 2, 4], points=2, min_seconds=0.001)
+    assert set(grid) == {1, 4} and total > 0
+    assert grid[4] > 0 and total >= grid[1]
+
+
+def test_time_floor_splits_the_wall_time_and_bounds_the_peers(model, monkeypatch):
+    monkeypatch.setattr(fl, "measure_linear_layers", lambda m, rows, repeats=5, min_seconds=0.0: 0.01)
+    run = {"wall_s": 1.0, "useful_tokens": 40, "work_per_step": {"tokens": [8, 8, 8, 8, 8], "kv_tokens": [100] * 5}}
+    f = fl.time_floor(model, run, bandwidth=1e6, kv_bytes_per_token=1000)
+    assert f["linear_layers_s"] == pytest.approx(0.05)
+    assert f["kv_read_s"] == pytest.approx(0.5)  # 500 tokens x 1000 bytes at 1 MB/s
+    assert f["rest_s"] == pytest.approx(0.45) and f["rest_share"] == pytest.approx(0.45)
+    assert f["max_tokens_per_s_linear_only"] == pytest.approx(800)
+    assert f["max_tokens_per_s_linear_and_kv"] == pytest.approx(40 / 0.55)
+    b = fl.ratio_bounds(f, {"hf_static": 100.0, "hf_continuous": None})
+    assert b == {"hf_static": {"linear_only": pytest.approx(8.0), "linear_and_kv": pytest.approx(40 / 0.55 / 100)}}
+    with pytest.raises(ValueError, match="per-step work"):
+        fl.time_floor(model, {"wall_s": 1.0, "useful_tokens": 4}, 1e6, 1000)
