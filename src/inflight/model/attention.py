@@ -10,10 +10,11 @@ queries each, causal) gather their sequences' keys and values and run one padded
 `scaled_dot_product_attention` for all of them. The indices and masks are computed once per step
 and read by every layer.
 
-`AttentionBackend` chooses the implementation per call: on CUDA the Triton decode kernel takes the
-decodes (a mixed step is split so that its decodes still take it) and the reference the prefill
-chunks; everywhere else the reference. The model holds one `AttentionBackend`, which remembers what
-ran last and whether the kernel failed.
+`AttentionBackend` chooses the implementation per call: a decode kernel takes the step's decodes
+where one runs — the Triton kernel on CUDA, the small C kernel of `cpu_attention` on a CPU in
+float32 (built on first use where a C compiler exists) — and the reference the prefill chunks (a
+mixed step is split so that its decodes still take the kernel); everywhere else the reference. The
+model holds one `AttentionBackend`, which remembers what ran last and whether a kernel failed.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from inflight.model import cpu_attention
 from inflight.model.attention_metadata import AttentionMetadata, DecodePattern, PrefillBatch
 
 __all__ = ["write_kv", "paged_attention", "AttentionBackend", "BACKENDS"]
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "c")
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -127,17 +129,23 @@ def _load_triton_decode():
     return paged_decode_attention
 
 
+def _load_cpu_decode():
+    """The C decode kernel, or None where it can't be built (no compiler; `cpu_attention.build_error()`)."""
+    return cpu_attention.paged_decode_attention_cpu if cpu_attention.load() is not None else None
+
+
 class AttentionBackend:
     """Chooses the attention implementation per call and remembers what it did.
 
-    `name` = "auto" (the Triton decode kernel for decodes on CUDA when it is available, the
-    reference for everything else), "torch" (always the reference) or "triton" (the kernel, or an
-    error where it can't run). `last_used` is "torch" or "triton" after a call; `kernel_error` is
-    set when the kernel raised here, after which "auto" stops trying it."""
+    `name` = "auto" (a decode kernel for the decodes where one runs — Triton on CUDA, C on a CPU in
+    float32 — and the reference for everything else), "torch" (always the reference), "triton" or
+    "c" (that kernel for decode-only steps, or an error where it can't run). `last_used` is "torch",
+    "triton" or "c" after a call; `kernel_error` is set when a kernel raised here, after which
+    "auto" stops trying kernels."""
 
     def __init__(self, name: str = "auto"):
         if name not in BACKENDS:
-            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {name!r}")
+            raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
         self.name = name
         self.last_used: str | None = None
         self.kernel_error: str | None = None
@@ -145,16 +153,24 @@ class AttentionBackend:
     def __repr__(self) -> str:
         return f"AttentionBackend({self.name!r}, last_used={self.last_used!r})"
 
-    def kernel(self):
-        """The decode kernel this backend may call now, or None."""
-        return None if self.kernel_error is not None else _load_triton_decode()
+    def kernel(self, q: torch.Tensor | None = None, k_cache: torch.Tensor | None = None):
+        """(name, decode kernel) that this backend may call now for these tensors, or None."""
+        if self.kernel_error is not None:
+            return None
+        if q is None or _kernel_device(q):
+            fn = _load_triton_decode()
+            return None if fn is None else ("triton", fn)
+        if k_cache is not None and cpu_attention.supports(q, k_cache):
+            fn = _load_cpu_decode()
+            return None if fn is None else ("c", fn)
+        return None
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                  scale: float) -> torch.Tensor:
         """Attention for one layer: q `[T, H, D]` of the step described by `meta` -> `[T, H, D]`."""
-        if self.name == "triton":
-            return self._triton_only(q, k_cache, v_cache, meta, scale)
-        kernel = self.kernel() if self.name == "auto" and _kernel_device(q) else None
+        if self.name in ("triton", "c"):
+            return self._kernel_only(q, k_cache, v_cache, meta, scale)
+        kernel = self.kernel(q, k_cache) if self.name == "auto" else None
         if kernel is not None and meta.decode_batch is not None:
             out = self._with_kernel(kernel, q, k_cache, v_cache, meta, scale)
             if out is not None:
@@ -164,29 +180,38 @@ class AttentionBackend:
 
     def _with_kernel(self, kernel, q, k_cache, v_cache, meta, scale) -> torch.Tensor | None:
         """Decodes through the kernel, prefill chunks through the reference; None if the kernel failed."""
+        name, fn = kernel
         _check_heads(q, k_cache)
         dec = meta.decode_batch
         try:
             if meta.is_decode:
-                out = kernel(q, k_cache, v_cache, dec.block_tables, dec.context_lens, scale)
+                out = fn(q, k_cache, v_cache, dec.block_tables, dec.context_lens, scale)
             else:
                 out = q.new_empty(q.shape)
-                out[dec.rows] = kernel(q[dec.rows], k_cache, v_cache, dec.block_tables, dec.context_lens, scale)
+                out[dec.rows] = fn(q[dec.rows], k_cache, v_cache, dec.block_tables, dec.context_lens, scale)
                 pre = meta.prefill_batch
                 out[pre.rows] = prefill_reference(q, k_cache, v_cache, pre, scale)
         except Exception as exc:  # e.g. a Triton/driver combination that can't compile it (old GPUs)
             self.kernel_error = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"the Triton decode kernel failed here ({self.kernel_error[:300]}); "
+            warnings.warn(f"the {name} decode kernel failed here ({self.kernel_error[:300]}); "
                           "using the plain-torch reference attention from now on", RuntimeWarning, stacklevel=3)
             return None
-        self.last_used = "triton"
+        self.last_used = name
         return out
 
-    def _triton_only(self, q, k_cache, v_cache, meta, scale) -> torch.Tensor:
+    def _kernel_only(self, q, k_cache, v_cache, meta, scale) -> torch.Tensor:
         if not meta.is_decode:
-            raise RuntimeError("the Triton kernel handles decode-only batches (every query_len 1)")
-        kernel = _load_triton_decode()
-        if kernel is None:
-            raise RuntimeError("backend='triton' asked for, but inflight.model.triton_attention could not be imported")
-        self.last_used = "triton"
-        return kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+            raise RuntimeError(f"the {self.name} kernel handles decode-only batches (every query_len 1)")
+        if self.name == "triton":
+            fn = _load_triton_decode()
+            if fn is None:
+                raise RuntimeError("backend='triton' asked for, but inflight.model.triton_attention could not be imported")
+        else:
+            if not cpu_attention.supports(q, k_cache):
+                raise RuntimeError(f"backend='c' takes float32 tensors on the CPU; got {q.dtype} on {q.device}")
+            fn = _load_cpu_decode()
+            if fn is None:
+                raise RuntimeError(f"backend='c' asked for, but the C kernel can't be built here: "
+                                   f"{cpu_attention.build_error()}")
+        self.last_used = self.name
+        return fn(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)

@@ -1,0 +1,109 @@
+"""The C decode kernel (`inflight.model.cpu_attention`): same answers as the reference on ragged,
+paged, grouped-query batches; the dispatcher's use of it; and what happens where it can't be built."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inflight.model import attention as attn
+from inflight.model import cpu_attention
+from test_kv_cache_attention import _naive, _random_batch
+
+needs_kernel = pytest.mark.skipif(cpu_attention.load() is None, reason=f"no C kernel here: {cpu_attention.build_error()}")
+
+
+@needs_kernel
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 5), block_size=st.sampled_from([1, 3, 16]), kvh=st.sampled_from([1, 2]),
+       g=st.sampled_from([1, 3, 4]), D=st.sampled_from([4, 12, 64]), seed=st.integers(0, 2**16), data=st.data())
+def test_c_kernel_matches_naive_on_random_decode_batches(n, block_size, kvh, g, D, seed, data):
+    # head sizes that are not multiples of 8 and contexts that are not multiples of 4 take the tails
+    ctx = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(seed), [1] * n, ctx, block_size, kvh, g, D)
+    out = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_c_kernel_gives_the_same_bits_whatever_the_block_layout():
+    """Each sequence is summed in position order, so where its blocks live changes nothing (chapter 5's check)."""
+    gen = torch.Generator().manual_seed(5)
+    ctx = [37, 5, 64]
+    q = torch.randn(3, 4, 16, generator=gen)
+    keys = [torch.randn(c, 2, 16, generator=gen) for c in ctx]
+    vals = [torch.randn(c, 2, 16, generator=gen) for c in ctx]
+
+    def run(block_size, tables, num_blocks):
+        kc = torch.zeros(num_blocks, block_size, 2, 16)
+        vc = torch.zeros_like(kc)
+        for i, c in enumerate(ctx):
+            for p in range(c):
+                kc[tables[i][p // block_size], p % block_size] = keys[i][p]
+                vc[tables[i][p // block_size], p % block_size] = vals[i][p]
+        t = torch.tensor([row + [0] * (max(map(len, tables)) - len(row)) for row in tables], dtype=torch.int32)
+        return cpu_attention.paged_decode_attention_cpu(q, kc, vc, t, torch.tensor(ctx, dtype=torch.int32), 0.25)
+
+    contiguous = run(64, [[0], [1], [2]], 3)
+    paged = run(8, [[9, 2, 14, 0, 5], [11], [1, 3, 4, 6, 7, 8, 10, 12]], 16)
+    assert torch.equal(contiguous, paged)
+
+
+@needs_kernel
+def test_auto_sends_a_mixed_steps_decodes_to_the_c_kernel():
+    ql, ctx = [1, 5, 1, 1, 7], [9, 12, 3, 30, 7]
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(1), ql, ctx, 4, 2, 3, 8)
+    backend = attn.AttentionBackend()
+    out = backend(q, kc, vc, meta, 0.3)
+    assert backend.last_used == "c"
+    torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+    half = attn.AttentionBackend()
+    half(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), meta, 0.3)
+    assert half.last_used == "torch"  # float32 only: half precision stays on the reference
+
+
+@needs_kernel
+def test_the_c_backend_asked_for_by_name():
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(2), [1, 1], [6, 2], 4, 1, 2, 8)
+    backend = attn.AttentionBackend("c")
+    torch.testing.assert_close(backend(q, kc, vc, meta, 0.5), _naive(q, kc, vc, meta, 0.5), atol=1e-5, rtol=1e-5)
+    assert backend.last_used == "c"
+    q2, kc2, vc2, meta2 = _random_batch(torch.Generator().manual_seed(2), [3], [3], 4, 1, 2, 8)
+    with pytest.raises(RuntimeError, match="decode-only"):
+        backend(q2, kc2, vc2, meta2, 0.5)
+    with pytest.raises(RuntimeError, match="float32"):
+        backend(q.double(), kc.double(), vc.double(), meta, 0.5)
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """A clean slate: no kernel loaded in this process, an empty cache folder."""
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("env, reason", [({"INFLIGHT_CPU_KERNEL": "0"}, "turned off"),
+                                         ({"CC": "no-such-compiler-here"}, "no C compiler"),
+                                         ({"CC": "false"}, "could not build")])
+def test_without_a_kernel_auto_falls_back_to_the_reference(fresh_build, monkeypatch, env, reason):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cpu_attention.load() is None and reason in cpu_attention.build_error()
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(3), [1, 1], [5, 9], 4, 1, 2, 8)
+    backend = attn.AttentionBackend()
+    torch.testing.assert_close(backend(q, kc, vc, meta, 0.5), _naive(q, kc, vc, meta, 0.5), atol=1e-5, rtol=1e-5)
+    assert backend.last_used == "torch"
+    with pytest.raises(RuntimeError, match="can't be built"):
+        attn.AttentionBackend("c")(q, kc, vc, meta, 0.5)
+    with pytest.raises(RuntimeError, match="unavailable"):
+        cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.5)
+
+
+@needs_kernel
+def test_the_kernel_is_built_once_into_the_cache_folder(fresh_build):
+    assert cpu_attention.load() is not None and cpu_attention.build_error() is None
+    built = list(fresh_build.glob("paged_decode-*.so"))
+    assert len(built) == 1
+    cpu_attention._state.clear()
+    mtime = built[0].stat().st_mtime_ns
+    assert cpu_attention.load() is not None and built[0].stat().st_mtime_ns == mtime  # reused, not rebuilt
