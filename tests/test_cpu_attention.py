@@ -62,6 +62,25 @@ def test_auto_sends_a_mixed_steps_decodes_to_the_c_kernel():
 
 
 @needs_kernel
+@pytest.mark.parametrize("ql, ctx", [([6, 3], [6, 3]),                        # prefill only
+                                     ([1, 4, 1], [600, 4, 2]),                 # a long context: split
+                                     ([1, 700], [3, 700])])                    # a long prompt: split
+def test_auto_c_takes_prefill_chunks_as_queries_over_their_prefixes(monkeypatch, ql, ctx):
+    calls = []
+    real = cpu_attention.paged_decode_attention_cpu
+    monkeypatch.setattr(cpu_attention, "paged_decode_attention_cpu", lambda *a: calls.append(a[4].tolist()) or real(*a))
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(6), ql, ctx, 16, 2, 2, 8)
+    backend = attn.AttentionBackend()
+    out = backend(q, kc, vc, meta, 0.3)
+    torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+    if max(ctx) <= attn.C_PREFILL_MAX_CONTEXT:  # one call: every token, at its own position + 1
+        assert calls == [[p + 1 for c, n in zip(ctx, ql) for p in range(c - n, c)]]
+    else:  # the decodes alone; the prefill chunks went to the reference
+        assert calls == [[c for c, n in zip(ctx, ql) if n == 1]]
+    assert backend.last_used == "c"
+
+
+@needs_kernel
 def test_the_c_backend_asked_for_by_name():
     q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(2), [1, 1], [6, 2], 4, 1, 2, 8)
     backend = attn.AttentionBackend("c")

@@ -134,6 +134,17 @@ def _load_cpu_decode():
     return cpu_attention.paged_decode_attention_cpu if cpu_attention.load() is not None else None
 
 
+#: the longest context for which the C kernel also takes prefill chunks, one query per token (longer
+#: prompts go to the reference's batched SDPA, whose blocked matmuls win there: on the book's 2-core
+#: CPU the two cost the same at 512 keys, and the C kernel is ~3x cheaper at 128)
+C_PREFILL_MAX_CONTEXT = 512
+
+
+def _whole_step_in_c(kernel_name: str, meta: AttentionMetadata) -> bool:
+    """Whether the C kernel takes the whole step, prefill chunks included."""
+    return kernel_name == "c" and meta.max_context_len <= C_PREFILL_MAX_CONTEXT
+
+
 class AttentionBackend:
     """Chooses the attention implementation per call and remembers what it did.
 
@@ -171,7 +182,7 @@ class AttentionBackend:
         if self.name in ("triton", "c"):
             return self._kernel_only(q, k_cache, v_cache, meta, scale)
         kernel = self.kernel(q, k_cache) if self.name == "auto" else None
-        if kernel is not None and meta.decode_batch is not None:
+        if kernel is not None and (meta.decode_batch is not None or _whole_step_in_c(kernel[0], meta)):
             out = self._with_kernel(kernel, q, k_cache, v_cache, meta, scale)
             if out is not None:
                 return out
@@ -186,6 +197,9 @@ class AttentionBackend:
         try:
             if meta.is_decode:
                 out = fn(q, k_cache, v_cache, dec.block_tables, dec.context_lens, scale)
+            elif _whole_step_in_c(name, meta):  # short prompts: every token a query over its own prefix
+                tok = meta.token_batch
+                out = fn(q, k_cache, v_cache, tok.block_tables, tok.context_lens, scale)
             else:
                 out = q.new_empty(q.shape)
                 out[dec.rows] = fn(q[dec.rows], k_cache, v_cache, dec.block_tables, dec.context_lens, scale)

@@ -176,6 +176,17 @@ class AttentionMetadata:
                            self.context_lens.index_select(0, idx))
 
 
+    @cached_property
+    def token_batch(self) -> DecodeBatch:
+        """Every token of the step as a one-token query over its own prefix (a prefill token at
+        position p sees positions 0..p of its sequence): the whole step in one decode kernel call."""
+        dev = self.block_tables.device
+        seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs, device=dev),
+                                               torch.tensor(self.query_lens, device=dev))
+        return DecodeBatch(torch.arange(self.num_tokens, device=dev), self.block_tables.index_select(0, seq_of_token),
+                           (self.positions + 1).to(torch.int32))
+
+
 def _check_batch(q: list[int], c: list[int], tables: list[list[int]], block_size: int) -> None:
     if not (len(q) == len(c) == len(tables)):
         raise ValueError(f"query_lens ({len(q)}), context_lens ({len(c)}) and block_tables ({len(tables)}) "

@@ -50,14 +50,28 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     for (; i < n; i++) s[0] += q[i] * k0[i], s[1] += q[i] * k1[i], s[2] += q[i] * k2[i], s[3] += q[i] * k3[i];
 }
 
+#define PREFETCH 16  /* keys ahead: one block of the usual size */
+
+/* ask the memory system for a row of D floats (one request per 64-byte cache line) */
+static inline void prefetch_row(const float *row, int64_t D) {
+    for (int64_t i = 0; i < D; i += 16) __builtin_prefetch(row + i, 0, 3);
+}
+
 /* One (sequence, kv head) pair: the G query heads of group g of sequence i. w holds G * L scores. */
 static void attend_group(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
                          int64_t L, int64_t g, int64_t G, int64_t num_kv_heads, int64_t D, int64_t block_size,
                          float scale, float *w, float *out) {
-#define KEY(j) (k_cache + (((int64_t)table[(j) / block_size] * block_size + (j) % block_size) * num_kv_heads + g) * D)
+#define SLOT(j) ((int64_t)table[(j) / block_size] * block_size + (j) % block_size)
+#define KEY(j) (k_cache + (SLOT(j) * num_kv_heads + g) * D)
+#define VALUE(j) (v_cache + (SLOT(j) * num_kv_heads + g) * D)
+    for (int64_t p = 0; p < PREFETCH && p < L; p++) prefetch_row(KEY(p), D);
     int64_t j = 0;
     for (; j + 4 <= L; j += 4) {  /* scores, four keys at a time: each key row read once for the G heads */
         const float *k0 = KEY(j), *k1 = KEY(j + 1), *k2 = KEY(j + 2), *k3 = KEY(j + 3);
+        /* the blocks are scattered, so the hardware can't guess the next one: ask for the key rows
+         * PREFETCH positions ahead, and for these positions' value rows (read by the second pass) */
+        for (int64_t p = j + PREFETCH; p < j + PREFETCH + 4 && p < L; p++) prefetch_row(KEY(p), D);
+        for (int64_t p = j; p < j + 4; p++) prefetch_row(VALUE(p), D);
         for (int64_t h = 0; h < G; h++) {
             float s[4];
             dot4(q + h * D, k0, k1, k2, k3, D, s);
@@ -67,6 +81,8 @@ static void attend_group(const float *q, const float *k_cache, const float *v_ca
     for (; j < L; j++)
         for (int64_t h = 0; h < G; h++) w[h * L + j] = dot(q + h * D, KEY(j), D) * scale;
 #undef KEY
+#undef VALUE
+#undef SLOT
     float total[64];  /* G <= 64, checked by the caller */
     for (int64_t h = 0; h < G; h++) {  /* softmax numerators, normalised at the end */
         float *s = w + h * L, m = -INFINITY, t = 0.f;
