@@ -126,3 +126,18 @@ def test_the_kernel_is_built_once_into_the_cache_folder(fresh_build):
     cpu_attention._state.clear()
     mtime = built[0].stat().st_mtime_ns
     assert cpu_attention.load() is not None and built[0].stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+@needs_kernel
+@pytest.mark.parametrize("bad, match", [
+    (lambda t, c: (t.fill_(999), c), "outside the cache"),          # a block that doesn't exist
+    (lambda t, c: (t.fill_(-1), c), "outside the cache"),           # a negative block id
+    (lambda t, c: (t, c.fill_(10**6)), "outside the cache"),        # longer than the block table covers
+    (lambda t, c: (t, c.fill_(0)), "outside the cache"),            # an empty context
+    (lambda t, c: (t[:1], c), "block_tables must be"),              # a table row short
+])
+def test_a_bad_block_table_is_an_error_that_names_it_not_a_crash(bad, match):
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(7), [1, 1], [5, 9], 4, 2, 2, 8)
+    tables, lens = bad(meta.block_tables.clone(), meta.context_lens.clone())
+    with pytest.raises(ValueError, match=match):
+        cpu_attention.paged_decode_attention_cpu(q, kc, vc, tables, lens, 0.5)

@@ -81,7 +81,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.inflight_paged_decode_f32.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
+    lib.inflight_paged_decode_f32.argtypes = [p, p, p, i64, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
                                               p, i64, i32, p]
     lib.inflight_paged_decode_f32.restype = i32
     lib.inflight_paged_decode_openmp.restype = i32
@@ -117,20 +117,32 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                          f"group); got {q.dtype} on {q.device}, {q.shape[1]} heads over {k_cache.shape[2]}")
     n, H, D = q.shape
     _, block_size, kvh, _ = k_cache.shape
+    if (block_tables.dim() != 2 or block_tables.shape[0] != n or tuple(context_lens.shape) != (n,)
+            or v_cache.shape != k_cache.shape or k_cache.shape[3] != D):
+        raise ValueError(f"for n = {n} queries of head size {D}: block_tables must be [n, max_blocks], context_lens "
+                         f"[n], both caches [blocks, block_size, kv_heads, {D}]; got {tuple(block_tables.shape)}, "
+                         f"{tuple(context_lens.shape)}, {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     out = torch.empty_like(q)
     threads = max(1, torch.get_num_threads())
-    per_thread = (H // kvh) * max(1, int(lens.max())) if n else 1
+    # scores of one work item: G heads x its context (no more than its block table covers; the kernel
+    # refuses a longer context before reading anything)
+    longest = min(int(lens.max()), tables.shape[1] * block_size) if n else 1
+    per_thread = (H // kvh) * max(1, longest)
     work = torch.empty(threads * per_thread, dtype=torch.float32)
-    args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-            n, H, kvh, D, block_size, scale, work.data_ptr(), per_thread, threads, out.data_ptr())
+    args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], tables.data_ptr(), tables.shape[1],
+            lens.data_ptr(), n, H, kvh, D, block_size, scale, work.data_ptr(), per_thread, threads, out.data_ptr())
     if torch.autograd.profiler._is_profiler_enabled:  # a named range, so that op profiles show the kernel's time
         with torch.profiler.record_function(PROFILER_NAME):
             rc = lib.inflight_paged_decode_f32(*args)
     else:
         rc = lib.inflight_paged_decode_f32(*args)
+    if rc <= -2:  # checked before any read: nothing outside the cache was touched
+        i = -2 - rc
+        raise ValueError(f"query {i}: context length {int(lens[i])} with block table {tables[i].tolist()[:8]}... "
+                         f"reads outside the cache ({k_cache.shape[0]} blocks of {block_size})")
     if rc != 0:
         raise RuntimeError(f"the CPU attention kernel refused the shapes (q {tuple(q.shape)}, cache {tuple(k_cache.shape)})")
     return out

@@ -103,15 +103,25 @@ static void attend_group(const float *q, const float *k_cache, const float *v_ca
         for (int64_t d = 0; d < D; d++) out[h * D + d] /= total[h];
 }
 
-/* q [n, H, D], caches [blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
- * context_lens [n] int32, out [n, H, D]; workspace: threads * G * max(context_lens) floats. */
-int inflight_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+/* q [n, H, D], caches [num_blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
+ * context_lens [n] int32, out [n, H, D]; workspace: threads * G * max(context_lens) floats.
+ * Returns 0, or -1 (head counts), or -2 - i when sequence i's context length or block table would
+ * read outside the cache: checked before anything is read, so a bad table is an error, not a crash. */
+int inflight_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, int64_t num_blocks,
                               const int32_t *block_tables, int64_t max_blocks, const int32_t *context_lens,
                               int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t D, int64_t block_size,
                               float scale, float *workspace, int64_t workspace_per_thread, int threads,
                               float *out) {
     int64_t G = num_heads / num_kv_heads;
     if (G < 1 || G > 64 || num_heads % num_kv_heads) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t L = context_lens[i];
+        if (L < 1 || L > max_blocks * block_size || L * G > workspace_per_thread) return (int)(-2 - i);
+        for (int64_t b = 0; b < (L + block_size - 1) / block_size; b++) {
+            int32_t blk = block_tables[i * max_blocks + b];
+            if (blk < 0 || blk >= num_blocks) return (int)(-2 - i);
+        }
+    }
     int64_t items = n * num_kv_heads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 4)
