@@ -141,3 +141,19 @@ def test_a_bad_block_table_is_an_error_that_names_it_not_a_crash(bad, match):
     tables, lens = bad(meta.block_tables.clone(), meta.context_lens.clone())
     with pytest.raises(ValueError, match=match):
         cpu_attention.paged_decode_attention_cpu(q, kc, vc, tables, lens, 0.5)
+
+
+@needs_kernel
+def test_the_side_by_side_bench_runs_both_and_compares_tokens(model):
+    from inflight.bench import cpu_kernel
+
+    step = cpu_kernel.attention_step_ms(model, batch=4, repeats=2)
+    assert set(step) == {"torch", "c"} and all(t > 0 for t in step.values())
+    e2e = cpu_kernel.end_to_end(model, n=4, repeats=1, prompt_range=(3, 10), output_mean=4, output_cap=8)
+    assert len(e2e["tokens_per_s"]["c"]) == len(e2e["tokens_per_s"]["torch"]) == 1
+    assert e2e["requests_with_identical_tokens"] == 4
+    assert model.attention_backend.name == "auto"  # the model's own backend is put back
+    text = cpu_kernel.report({"status": "ok", "batch": 4, "attention_step_ms": step, "attention_speedup": 1.0,
+                              "end_to_end": e2e})
+    assert "identical tokens on 4 of 4" in text
+    assert "unavailable" in cpu_kernel.report({"status": "unavailable", "reason": "no C compiler"})

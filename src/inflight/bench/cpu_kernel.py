@@ -1,0 +1,147 @@
+"""`python -m inflight.bench.cpu_kernel`: the C decode kernel against the plain-torch reference, side by side.
+
+Two measurements, both alternating the two attention implementations in one process so that the
+machine's drift hits both alike:
+
+- **attention alone**: every layer's attention for one decode step of B sequences with long-tailed
+  contexts in scattered blocks (what a busy paged engine sees), best of many runs;
+- **end to end**: the paged engine (the benchmark's mode 4) serving the long-tailed workload, each
+  implementation `repeats` times; the greedy tokens of the two must be identical, request for request.
+
+Where no C compiler is available the kernel can't be built, and the report says why.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from inflight.bench.config import BenchConfig
+from inflight.model import cpu_attention
+from inflight.model.attention import AttentionBackend
+from inflight.model.attention_metadata import AttentionMetadata
+from inflight.model.kv_cache import KVCache
+
+__all__ = ["attention_step_ms", "end_to_end", "run", "main"]
+
+IMPLS = ("torch", "c")
+#: the backend each implementation runs under in the engine: "auto" is the engine's default, which on a
+#: CPU gives the C kernel whole steps of short prompts (and "c" by name takes decode-only steps alone)
+ENGINE_BACKEND = {"torch": "torch", "c": "auto"}
+
+
+def _decode_step(model: Any, batch: int, block_size: int, seed: int):
+    """One layer's worth of inputs for a decode step: q, a filled cache, metadata over scattered blocks."""
+    rng = random.Random(seed)
+    cfg = model.config
+    ctx = [rng.randint(16, 128) + min(int(rng.expovariate(1 / 48)), 256) // 2 + 1 for _ in range(batch)]
+    num_blocks = sum(-(-c // block_size) for c in ctx) * 2
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-c // block_size))] for c in ctx]
+    kv = KVCache.for_model(cfg, num_blocks, block_size)
+    for k, v in zip(kv.k_cache, kv.v_cache):
+        k.normal_(), v.normal_()
+    q = torch.randn(batch, cfg.num_attention_heads, cfg.head_dim)
+    return q, kv, AttentionMetadata.build([1] * batch, ctx, tables, block_size)
+
+
+def attention_step_ms(model: Any, batch: int = 48, block_size: int = 16, repeats: int = 30,
+                      seed: int = 0) -> dict[str, float]:
+    """Milliseconds of attention (all layers) in one decode step, per implementation (best of `repeats`)."""
+    q, kv, meta = _decode_step(model, batch, block_size, seed)
+    scale = model.config.head_dim ** -0.5
+    best = {name: float("inf") for name in IMPLS}
+    backends = {name: AttentionBackend(name) for name in IMPLS}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, backend in backends.items():
+                start = time.perf_counter()
+                for k, v in zip(kv.k_cache, kv.v_cache):
+                    backend(q, k, v, meta, scale)
+                best[name] = min(best[name], time.perf_counter() - start)
+    return {name: t * 1e3 for name, t in best.items()}
+
+
+def end_to_end(model: Any, n: int = 256, repeats: int = 2, seed: int = 0, **workload: Any) -> dict[str, Any]:
+    """The paged engine on the long-tailed workload with each implementation, alternated: tokens/s of
+    every run and whether the two gave the same tokens. `workload` overrides the benchmark's shape
+    (`prompt_range`, `output_mean`, `output_cap`)."""
+    from inflight.bench.suite import _plan, _setup, run_mode  # the benchmark's own setup and mode 4
+
+    cfg = BenchConfig(n=n, seed=seed, **workload)
+    setup = _setup(cfg, model)
+    lt, _ = _plan(cfg, model.config.vocab_size, setup.max_len)
+    warm = _plan(BenchConfig(n=4, seed=seed + 1, **workload), model.config.vocab_size, setup.max_len)[0]
+    saved = model.attention_backend
+    speeds: dict[str, list[float]] = {name: [] for name in IMPLS}
+    tokens: dict[str, dict[str, list[int]]] = {}
+    try:
+        for name in IMPLS:
+            model.attention_backend = AttentionBackend(ENGINE_BACKEND[name])
+            run_mode("paged", setup, warm)
+            if model.attention_backend.last_used != name:
+                raise RuntimeError(f"the engine ran {model.attention_backend.last_used!r} attention, not {name!r}")
+        for _ in range(repeats):
+            for name in IMPLS:
+                model.attention_backend = AttentionBackend(ENGINE_BACKEND[name])
+                rec = run_mode("paged", setup, lt)
+                speeds[name].append(lt.useful_tokens / rec.wall)
+                tokens.setdefault(name, rec.tokens)
+    finally:
+        model.attention_backend = saved
+    same = sum(tokens["c"][r.id] == tokens["torch"][r.id] for r in lt.requests)
+    return {"requests": n, "useful_tokens": lt.useful_tokens, "tokens_per_s": speeds,
+            "speedup_per_pair": [c / t for c, t in zip(speeds["c"], speeds["torch"])],
+            "requests_with_identical_tokens": same}
+
+
+def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
+    from inflight.model.loading import load_tiny
+    from inflight.threads import configure_threads
+
+    threads = configure_threads()
+    if cpu_attention.load() is None:
+        return {"status": "unavailable", "reason": cpu_attention.build_error()}
+    model = load_tiny()[0].eval()
+    step = attention_step_ms(model, batch)
+    return {"status": "ok", "threads": threads.threads, "batch": batch, "attention_step_ms": step,
+            "attention_speedup": step["torch"] / step["c"], "end_to_end": end_to_end(model, n, repeats)}
+
+
+def report(res: dict[str, Any]) -> str:
+    if res["status"] != "ok":
+        return f"the C kernel is unavailable here: {res['reason']}"
+    s, e = res["attention_step_ms"], res["end_to_end"]
+    lines = [f"attention of one decode step, {res['batch']} sequences, all layers: reference {s['torch']:.2f} ms, "
+             f"C kernel {s['c']:.2f} ms ({res['attention_speedup']:.1f}x)",
+             f"paged engine, {e['requests']} long-tailed requests ({e['useful_tokens']} tokens), alternated:"]
+    for name in IMPLS:
+        lines.append(f"  {name:6} " + ", ".join(f"{t:.0f}" for t in e["tokens_per_s"][name]) + " tokens/s")
+    lines.append("  C / reference per pair: " + ", ".join(f"{x:.2f}x" for x in e["speedup_per_pair"]) +
+                 f"; identical tokens on {e['requests_with_identical_tokens']} of {e['requests']} requests")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.cpu_kernel", description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--num-requests", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("-B", "--batch", type=int, default=48)
+    p.add_argument("--out", help="write the results JSON here")
+    a = p.parse_args(argv)
+    res = run(a.num_requests, a.repeats, a.batch)
+    print(report(res))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        print(f"results written to {a.out}")
+    return 0 if res["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
