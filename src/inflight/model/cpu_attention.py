@@ -39,6 +39,17 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
+def _cpu_id() -> str:
+    """What `-march=native` compiled for: the CPU's model and feature flags (a home folder shared by
+    machines with different CPUs must not hand one of them a library with instructions it lacks)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 def _compile(cc: str, flags: list[str], target: Path) -> str | None:
     """Compile the kernel to `target` (atomically, so concurrent processes don't see half a file);
     the compiler's complaint, or None on success."""
@@ -65,7 +76,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     src = SOURCE.read_bytes()
     errors = []
     for flags in (FLAGS + ["-fopenmp"], FLAGS):  # OpenMP threads where the compiler has them
-        key = hashlib.sha256(src + " ".join([cc, *flags, platform.machine()]).encode()).hexdigest()[:16]
+        key = hashlib.sha256(src + " ".join([cc, *flags, platform.machine(), _cpu_id()]).encode()).hexdigest()[:16]
         target = _cache_dir() / f"paged_decode-{key}.so"
         try:
             err = None if target.exists() else _compile(cc, flags, target)
