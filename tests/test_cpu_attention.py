@@ -157,3 +157,23 @@ def test_the_side_by_side_bench_runs_both_and_compares_tokens(model):
                               "end_to_end": e2e})
     assert "identical tokens on 4 of 4" in text
     assert "unavailable" in cpu_kernel.report({"status": "unavailable", "reason": "no C compiler"})
+
+
+def test_the_cache_key_names_the_cpu_and_the_compiler(monkeypatch):
+    from inflight.model import c_build
+
+    base = c_build.library_path(cpu_attention.SOURCE, ["cc"], cpu_attention.FLAGS)
+    monkeypatch.setattr(c_build, "cpu_id", lambda: "model name: another CPU\nflags: avx512f\n")
+    assert c_build.library_path(cpu_attention.SOURCE, ["cc"], cpu_attention.FLAGS) != base
+    assert c_build.library_path(cpu_attention.SOURCE, ["gcc", "-m64"], cpu_attention.FLAGS) != base
+
+
+@pytest.mark.parametrize("cc, reason", [("true", "wrote nothing"), ("cc -O0 -DNOTHING", None)])
+def test_compiler_commands_with_arguments_and_ones_that_write_nothing(fresh_build, monkeypatch, cc, reason):
+    monkeypatch.setenv("CC", cc)
+    lib = cpu_attention.load()
+    if reason is None:  # a compiler command with arguments is a compiler, not "no C compiler"
+        assert lib is not None or "no C compiler" not in (cpu_attention.build_error() or "")
+    else:
+        assert lib is None and reason in cpu_attention.build_error()
+        assert not list(fresh_build.glob("*.so"))  # nothing half-made left in the cache

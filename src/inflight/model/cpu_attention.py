@@ -7,87 +7,38 @@ per (sequence, kv head) that reads each key and value row once, straight from it
 query head sharing it — the CPU counterpart of the Triton kernel the GPU runs.
 
 It is built with the machine's C compiler (`$CC` or `cc`; `-O3 -march=native`, OpenMP when the
-compiler has it) into a cache folder (`$INFLIGHT_CACHE`, else `~/.cache/inflight`), keyed by the
-source and flags, once per machine. Where there is no compiler, or it fails, `load()` returns None
+compiler has it) once per machine into a cache folder, checked before use (`c_build`). Where there is no compiler, or it fails, `load()` returns None
 with the reason in `build_error()`, and attention stays on the reference. `INFLIGHT_CPU_KERNEL=0`
 turns it off. Float32 only: it is the exactness path (half precision on a CPU stays on the reference).
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+
+from inflight.model import c_build
 
 __all__ = ["load", "build_error", "paged_decode_attention_cpu", "supports"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
+SYMBOLS = ("inflight_paged_decode_f32", "inflight_paged_decode_openmp")
 PROFILER_NAME = "inflight::paged_attention_c"  # how the kernel's calls appear in a torch.profiler table
+INT32_MAX = 2**31 - 1
 _state: dict = {}  # "lib": the loaded library or None, "error": why not
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("INFLIGHT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "inflight")
-    return Path(root)
-
-
-def _cpu_id() -> str:
-    """What `-march=native` compiled for: the CPU's model and feature flags (a home folder shared by
-    machines with different CPUs must not hand one of them a library with instructions it lacks)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features", "CPU part"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _compile(cc: str, flags: list[str], target: Path) -> str | None:
-    """Compile the kernel to `target` (atomically, so concurrent processes don't see half a file);
-    the compiler's complaint, or None on success."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            return (r.stderr or r.stdout).strip()[-500:] or f"{cc} exited with {r.returncode}"
-        os.replace(tmp, target)
-        return None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _build() -> tuple[ctypes.CDLL | None, str | None]:
-    if os.environ.get("INFLIGHT_CPU_KERNEL", "1").strip() in ("0", "false", "no", "off"):
+    if os.environ.get("INFLIGHT_CPU_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "turned off by INFLIGHT_CPU_KERNEL=0"
-    cc = os.environ.get("CC") or "cc"
-    if shutil.which(cc) is None:
-        return None, f"no C compiler ({cc!r} not found)"
-    src = SOURCE.read_bytes()
-    errors = []
-    for flags in (FLAGS + ["-fopenmp"], FLAGS):  # OpenMP threads where the compiler has them
-        key = hashlib.sha256(src + " ".join([cc, *flags, platform.machine(), _cpu_id()]).encode()).hexdigest()[:16]
-        target = _cache_dir() / f"paged_decode-{key}.so"
-        try:
-            err = None if target.exists() else _compile(cc, flags, target)
-            if err is None:
-                lib = ctypes.CDLL(str(target))
-                _declare(lib)
-                return lib, None
-            errors.append(err)
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append(f"{type(exc).__name__}: {exc}")
-    return None, f"could not build {SOURCE.name}: {errors[-1]}"
+    # OpenMP threads where the compiler has them (c_build checks, caches and loads the library)
+    lib, err = c_build.build(SOURCE, [FLAGS + ["-fopenmp"], FLAGS], SYMBOLS)
+    if lib is not None:
+        _declare(lib)
+    return lib, err
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -110,10 +61,19 @@ def build_error() -> str | None:
     return _state.get("error")
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the kernel can take this call: float32 tensors on the CPU, at most 64 query heads per kv head."""
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-            and q.shape[1] % k_cache.shape[2] == 0 and q.shape[1] // k_cache.shape[2] <= 64)
+def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None = None) -> bool:
+    """Whether the kernel can take this call: float32 tensors on the CPU, q `[n, H, D]` and caches
+    `[blocks, block_size, kv_heads, D]` alike, H a multiple of kv_heads with at most 64 per group, and
+    no gradient wanted (the kernel has no backward; training attends with SDPA anyway)."""
+    v = k_cache if v_cache is None else v_cache
+    if q.dim() != 3 or k_cache.dim() != 4 or v.shape != k_cache.shape or k_cache.shape[3] != q.shape[2]:
+        return False
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, k_cache, v)):
+        return False
+    heads, kv_heads = q.shape[1], k_cache.shape[2]
+    if kv_heads < 1 or heads % kv_heads or heads // kv_heads > 64:
+        return False
+    return not (torch.is_grad_enabled() and q.requires_grad)
 
 
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -123,19 +83,23 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lib = load()
     if lib is None:
         raise RuntimeError(f"the CPU attention kernel is unavailable: {build_error()}")
-    if not supports(q, k_cache):
-        raise ValueError(f"the CPU kernel takes float32 CPU tensors with H a multiple of kv heads (<= 64 per "
-                         f"group); got {q.dtype} on {q.device}, {q.shape[1]} heads over {k_cache.shape[2]}")
+    if not supports(q, k_cache, v_cache):
+        raise ValueError(f"the CPU kernel takes float32 CPU tensors, q [n, H, D] and both caches [blocks, "
+                         f"block_size, kv_heads, D] with H a multiple of kv_heads (<= 64 per group), no gradient; "
+                         f"got q {q.dtype} {tuple(q.shape)} on {q.device}, caches {k_cache.dtype} "
+                         f"{tuple(k_cache.shape)} / {v_cache.dtype} {tuple(v_cache.shape)} on {k_cache.device}")
     n, H, D = q.shape
     _, block_size, kvh, _ = k_cache.shape
-    if (block_tables.dim() != 2 or block_tables.shape[0] != n or tuple(context_lens.shape) != (n,)
-            or v_cache.shape != k_cache.shape or k_cache.shape[3] != D):
-        raise ValueError(f"for n = {n} queries of head size {D}: block_tables must be [n, max_blocks], context_lens "
-                         f"[n], both caches [blocks, block_size, kv_heads, {D}]; got {tuple(block_tables.shape)}, "
-                         f"{tuple(context_lens.shape)}, {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != n or tuple(context_lens.shape) != (n,):
+        raise ValueError(f"for n = {n} queries: block_tables must be [n, max_blocks] and context_lens [n]; got "
+                         f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
+    for name, t, hi in (("block_tables", block_tables, k_cache.shape[0] - 1), ("context_lens", context_lens, INT32_MAX)):
+        if t.dtype != torch.int32 and t.numel() and (int(t.min()) < 0 or int(t.max()) > hi):
+            # checked before the int32 conversion, which would wrap 2**32 + b around to b
+            raise ValueError(f"{name} holds values outside 0..{hi}: {int(t.min())}..{int(t.max())}")
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
+    tables = block_tables.to(device="cpu", dtype=torch.int32).contiguous()
+    lens = context_lens.to(device="cpu", dtype=torch.int32).contiguous()
     out = torch.empty_like(q)
     threads = max(1, torch.get_num_threads())
     # scores of one work item: G heads x its context (no more than its block table covers; the kernel
