@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -103,15 +106,19 @@ def end_to_end(model: Any, n: int = 256, repeats: int = 2, seed: int = 0, **work
 
 def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
     from inflight.model.loading import load_tiny
-    from inflight.threads import configure_threads
+    from inflight.threads import configure_threads, machine_load
 
     threads = configure_threads()
     if cpu_attention.load() is None:
         return {"status": "unavailable", "reason": cpu_attention.build_error()}
     model = load_tiny()[0].eval()
+    load_before = machine_load()
     step = attention_step_ms(model, batch)
-    return {"status": "ok", "threads": threads.threads, "batch": batch, "attention_step_ms": step,
-            "attention_speedup": step["torch"] / step["c"], "end_to_end": end_to_end(model, n, repeats)}
+    e2e = end_to_end(model, n, repeats)
+    return {"status": "ok", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m inflight.bench.cpu_kernel " + " ".join(sys.argv[1:]), "threads": threads.threads,
+            "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
+            "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"], "end_to_end": e2e}
 
 
 def report(res: dict[str, Any]) -> str:
