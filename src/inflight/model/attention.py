@@ -13,8 +13,10 @@ and read by every layer.
 `AttentionBackend` chooses the implementation per call: a decode kernel takes the step's decodes
 where one runs — the Triton kernel on CUDA, the small C kernel of `cpu_attention` on a CPU in
 float32 (built on first use where a C compiler exists) — and the reference the prefill chunks (a
-mixed step is split so that its decodes still take the kernel); everywhere else the reference. The
-model holds one `AttentionBackend`, which remembers what ran last and whether a kernel failed.
+mixed step is split so that its decodes still take the kernel). The C kernel also takes whole steps
+whose contexts are short, prompts included (`C_PREFILL_MAX_CONTEXT`). Everywhere else the
+reference. The model holds one `AttentionBackend`, which remembers what ran last and whether a
+kernel failed.
 """
 from __future__ import annotations
 
@@ -164,14 +166,14 @@ class AttentionBackend:
     def __repr__(self) -> str:
         return f"AttentionBackend({self.name!r}, last_used={self.last_used!r})"
 
-    def kernel(self, q: torch.Tensor | None = None, k_cache: torch.Tensor | None = None):
+    def kernel(self, q: torch.Tensor, k_cache: torch.Tensor):
         """(name, decode kernel) that this backend may call now for these tensors, or None."""
         if self.kernel_error is not None:
             return None
-        if q is None or _kernel_device(q):
+        if _kernel_device(q):
             fn = _load_triton_decode()
             return None if fn is None else ("triton", fn)
-        if k_cache is not None and cpu_attention.supports(q, k_cache):
+        if cpu_attention.supports(q, k_cache):
             fn = _load_cpu_decode()
             return None if fn is None else ("c", fn)
         return None
