@@ -7,9 +7,10 @@ per (sequence, kv head) that reads each key and value row once, straight from it
 query head sharing it — the CPU counterpart of the Triton kernel the GPU runs.
 
 It is built with the machine's C compiler (`$CC` or `cc`; `-O3 -march=native`, OpenMP when the
-compiler has it) once per machine into a cache folder, checked before use (`c_build`). Where there is no compiler, or it fails, `load()` returns None
-with the reason in `build_error()`, and attention stays on the reference. `INFLIGHT_CPU_KERNEL=0`
-turns it off. Float32 only: it is the exactness path (half precision on a CPU stays on the reference).
+compiler has it) once per machine into a cache folder, and checked before use (`c_build`). Where
+there is no compiler, or the build fails, `load()` returns None with the reason in `build_error()`,
+and attention stays on the reference. `INFLIGHT_CPU_KERNEL=0` turns it off. Float32 only: it is the
+exactness path (half precision on a CPU stays on the reference).
 """
 from __future__ import annotations
 
