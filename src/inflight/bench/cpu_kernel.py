@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from inflight.bench.config import BenchConfig
+from inflight.blocks import blocks_needed
 from inflight.model import cpu_attention
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
@@ -43,10 +44,10 @@ def _decode_step(model: Any, batch: int, block_size: int, seed: int):
     rng = random.Random(seed)
     cfg = model.config
     ctx = [rng.randint(16, 128) + min(int(rng.expovariate(1 / 48)), 256) // 2 + 1 for _ in range(batch)]
-    num_blocks = sum(-(-c // block_size) for c in ctx) * 2
+    num_blocks = sum(blocks_needed(c, block_size) for c in ctx) * 2
     free = list(range(num_blocks))
     rng.shuffle(free)
-    tables = [[free.pop() for _ in range(-(-c // block_size))] for c in ctx]
+    tables = [[free.pop() for _ in range(blocks_needed(c, block_size))] for c in ctx]
     kv = KVCache.for_model(cfg, num_blocks, block_size)
     for k, v in zip(kv.k_cache, kv.v_cache):
         k.normal_(), v.normal_()
@@ -117,7 +118,7 @@ def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
     e2e = end_to_end(model, n, repeats)
     return {"status": "ok", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m inflight.bench.cpu_kernel " + " ".join(sys.argv[1:]), "threads": threads.threads,
-            "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
+            "kernel_uses_openmp": cpu_attention.uses_openmp(), "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
             "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"], "end_to_end": e2e}
 
 

@@ -69,10 +69,11 @@ def time_floor(model: torch.nn.Module, run: dict[str, Any], bandwidth: float, kv
     if not tokens or not wall:
         raise ValueError("the run has no per-step work recorded (only engine modes record it)")
     lin_s, grid = linear_seconds(model, tokens, points, min_seconds)
-    kv_s = sum(kv_tokens) * kv_bytes_per_token / bandwidth
+    kv_bytes = sum(kv_tokens) * kv_bytes_per_token
+    kv_s = kv_bytes / bandwidth
     useful = run["useful_tokens"]
     return {"wall_s": wall, "steps": len(tokens), "forward_tokens": sum(tokens),
-            "linear_layers_s": lin_s, "kv_read_s": kv_s, "kv_read_bytes": sum(kv_tokens) * kv_bytes_per_token,
+            "linear_layers_s": lin_s, "kv_read_s": kv_s, "kv_read_bytes": kv_bytes,
             "rest_s": max(0.0, wall - lin_s - kv_s),
             "linear_share": lin_s / wall, "kv_share": kv_s / wall, "rest_share": max(0.0, 1 - (lin_s + kv_s) / wall),
             # the fastest this workload can be served here: only the linear layers cost anything, or
