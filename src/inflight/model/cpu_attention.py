@@ -22,7 +22,7 @@ import torch
 
 from inflight.model import c_build
 
-__all__ = ["load", "build_error", "paged_decode_attention_cpu", "supports"]
+__all__ = ["load", "build_error", "uses_openmp", "paged_decode_attention_cpu", "supports"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
@@ -55,6 +55,13 @@ def load() -> ctypes.CDLL | None:
     if "lib" not in _state:
         _state["lib"], _state["error"] = _build()
     return _state["lib"]
+
+
+def uses_openmp() -> bool | None:
+    """Whether the loaded kernel spreads its work over OpenMP threads (None if it isn't loaded): a
+    compiler without OpenMP gives a single-threaded build."""
+    lib = load()
+    return None if lib is None else bool(lib.inflight_paged_decode_openmp())
 
 
 def build_error() -> str | None:

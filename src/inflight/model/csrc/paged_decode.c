@@ -80,9 +80,6 @@ static void attend_group(const float *q, const float *k_cache, const float *v_ca
     }
     for (; j < L; j++)
         for (int64_t h = 0; h < G; h++) w[h * L + j] = dot(q + h * D, KEY(j), D) * scale;
-#undef KEY
-#undef VALUE
-#undef SLOT
     float total[64];  /* G <= 64, checked by the caller */
     for (int64_t h = 0; h < G; h++) {  /* softmax numerators, normalised at the end */
         float *s = w + h * L, m = -INFINITY, t = 0.f;
@@ -92,8 +89,7 @@ static void attend_group(const float *q, const float *k_cache, const float *v_ca
     }
     memset(out, 0, (size_t)(G * D) * sizeof(float));
     for (int64_t j = 0; j < L; j++) {  /* values: each row read once, added into every head's output */
-        int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
-        const float *v = v_cache + (slot * num_kv_heads + g) * D;
+        const float *v = VALUE(j);
         for (int64_t h = 0; h < G; h++) {
             float wj = w[h * L + j], *o = out + h * D;
             for (int64_t d = 0; d < D; d++) o[d] += wj * v[d];
@@ -101,6 +97,9 @@ static void attend_group(const float *q, const float *k_cache, const float *v_ca
     }
     for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) out[h * D + d] /= total[h];
+#undef KEY
+#undef VALUE
+#undef SLOT
 }
 
 /* q [n, H, D], caches [num_blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
