@@ -14,7 +14,7 @@ needs_kernel = pytest.mark.skipif(cpu_attention.load() is None, reason=f"no C ke
 
 @needs_kernel
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(1, 5), block_size=st.sampled_from([1, 3, 16]), kvh=st.sampled_from([1, 2]),
+@given(n=st.integers(1, 12), block_size=st.sampled_from([1, 3, 16]), kvh=st.sampled_from([1, 2]),
        g=st.sampled_from([1, 3, 4]), D=st.sampled_from([4, 12, 64]), seed=st.integers(0, 2**16), data=st.data())
 def test_c_kernel_matches_naive_on_random_decode_batches(n, block_size, kvh, g, D, seed, data):
     # head sizes that are not multiples of 8 and contexts that are not multiples of 4 take the tails
@@ -22,6 +22,20 @@ def test_c_kernel_matches_naive_on_random_decode_batches(n, block_size, kvh, g, 
     q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(seed), [1] * n, ctx, block_size, kvh, g, D)
     out = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
     torch.testing.assert_close(out, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kvh, g", [(1, 1), (4, 1), (2, 3)])
+def test_a_sequence_gets_the_same_bits_alone_or_in_a_large_batch(kvh, g):
+    """A large batch gives each thread whole sequences (contiguous reads), a small one single kv heads;
+    each head's arithmetic is the same either way, so batch composition can't change a bit."""
+    ctx = [1, 7, 16, 17, 40, 3, 64, 33, 9, 12, 28, 50]
+    q, kc, vc, meta = _random_batch(torch.Generator().manual_seed(kvh * 10 + g), [1] * len(ctx), ctx, 16, kvh, g, 24)
+    batched = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    for i in range(len(ctx)):
+        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
+                                                         meta.context_lens[i:i + 1], 0.3)
+        assert torch.equal(alone, batched[i:i + 1]), f"sequence {i}"
 
 
 @needs_kernel

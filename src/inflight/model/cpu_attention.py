@@ -3,8 +3,8 @@
 The plain-torch reference (`attention.decode_reference`) spends most of its time between operators:
 a sparse product, two segment reductions, a gather-sum, each dispatched per layer with index
 tensors built for it. `csrc/paged_decode.c` is the same algorithm in one loop nest — one work item
-per (sequence, kv head) that reads each key and value row once, straight from its block, for every
-query head sharing it — the CPU counterpart of the Triton kernel the GPU runs.
+per sequence (or per (sequence, kv head) when the batch is small) that reads each key and value row
+once, straight from its block, for every query head sharing it — the CPU counterpart of the Triton kernel the GPU runs.
 
 It is built with the machine's C compiler (`$CC` or `cc`; `-O3 -march=native`, OpenMP when the
 compiler has it) once per machine into a cache folder, and checked before use (`c_build`). Where
@@ -110,10 +110,10 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lens = context_lens.to(device="cpu", dtype=torch.int32).contiguous()
     out = torch.empty_like(q)
     threads = max(1, torch.get_num_threads())
-    # scores of one work item: G heads x its context (no more than its block table covers; the kernel
-    # refuses a longer context before reading anything)
+    # one work item's scores and sums of weights: up to H heads x (its context + 1) (no longer than its
+    # block table covers; the kernel refuses a longer context before reading anything)
     longest = min(int(lens.max()), tables.shape[1] * block_size) if n else 1
-    per_thread = (H // kvh) * max(1, longest)
+    per_thread = H * (max(1, longest) + 1)
     work = torch.empty(threads * per_thread, dtype=torch.float32)
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), n, H, kvh, D, block_size, scale, work.data_ptr(), per_thread, threads, out.data_ptr())

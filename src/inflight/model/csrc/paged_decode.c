@@ -3,11 +3,12 @@
  *
  * The algorithm is the plain-torch reference's (inflight/model/attention.py): scores q.k * scale,
  * their maximum per query head, weights exp(score - max), and the weighted sum of the value rows
- * divided by the sum of the weights. What the C adds is fusion: each (sequence, kv head) pair is one
- * work item that reads every key and value row of its context exactly once, straight from its block
- * (slot = block_tables[i][j / block_size] * block_size + j % block_size), for all the query heads
- * that share it (grouped-query attention) -- no index tensors, no intermediate tensors, no per-operator
- * dispatch. Work items are spread over OpenMP threads when the compiler supports it.
+ * divided by the sum of the weights. What the C adds is fusion: a work item (a sequence, or one kv
+ * head of it when the batch is too small to share out) reads every key and value row of its context
+ * exactly once, straight from its block (slot = block_tables[i][j / block_size] * block_size +
+ * j % block_size), for all the query heads that share it (grouped-query attention) -- no index
+ * tensors, no intermediate tensors, no per-operator dispatch. Work items are spread over OpenMP
+ * threads when the compiler supports it.
  *
  * Built on first use by inflight/model/cpu_attention.py (cc -O3 -march=native -shared -fPIC -fopenmp).
  */
@@ -50,60 +51,83 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     for (; i < n; i++) s[0] += q[i] * k0[i], s[1] += q[i] * k1[i], s[2] += q[i] * k2[i], s[3] += q[i] * k3[i];
 }
 
-#define PREFETCH 16  /* keys ahead: one block of the usual size */
+/* ask the memory system for n floats from p (one request per 64-byte cache line) */
+#define AHEAD 16  /* key rows prefetched ahead: one block of the usual size */
 
-/* ask the memory system for a row of D floats (one request per 64-byte cache line) */
-static inline void prefetch_row(const float *row, int64_t D) {
-    for (int64_t i = 0; i < D; i += 16) __builtin_prefetch(row + i, 0, 3);
+static inline void prefetch_span(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-/* One (sequence, kv head) pair: the G query heads of group g of sequence i. w holds G * L scores. */
-static void attend_group(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
-                         int64_t L, int64_t g, int64_t G, int64_t num_kv_heads, int64_t D, int64_t block_size,
-                         float scale, float *w, float *out) {
-#define SLOT(j) ((int64_t)table[(j) / block_size] * block_size + (j) % block_size)
-#define KEY(j) (k_cache + (SLOT(j) * num_kv_heads + g) * D)
-#define VALUE(j) (v_cache + (SLOT(j) * num_kv_heads + g) * D)
-    for (int64_t p = 0; p < PREFETCH && p < L; p++) prefetch_row(KEY(p), D);
-    int64_t j = 0;
-    for (; j + 4 <= L; j += 4) {  /* scores, four keys at a time: each key row read once for the G heads */
-        const float *k0 = KEY(j), *k1 = KEY(j + 1), *k2 = KEY(j + 2), *k3 = KEY(j + 3);
-        /* the blocks are scattered, so the hardware can't guess the next one: ask for the key rows
-         * PREFETCH positions ahead, and for these positions' value rows (read by the second pass) */
-        for (int64_t p = j + PREFETCH; p < j + PREFETCH + 4 && p < L; p++) prefetch_row(KEY(p), D);
-        for (int64_t p = j; p < j + 4; p++) prefetch_row(VALUE(p), D);
-        for (int64_t h = 0; h < G; h++) {
-            float s[4];
-            dot4(q + h * D, k0, k1, k2, k3, D, s);
-            for (int l = 0; l < 4; l++) w[h * L + j + l] = s[l] * scale;
+/* One work item: kv heads g0..g1-1 of one sequence, i.e. query heads g0*G..g1*G-1; w holds
+ * (g1 - g0) * G * (L + 1) floats: the scores, then each head's sum of weights.
+ *
+ * Memory, not arithmetic, sets the pace, so the loops follow the cache's layout. A token's row holds
+ * all kv heads side by side, so an item that takes all of a sequence's kv heads reads each block as
+ * one contiguous run (block_size x kv_heads x D floats) that the hardware prefetcher can stream; an
+ * item per (sequence, kv head) reads D floats and skips the other heads' rows. The loops walk the
+ * block table block by block, so finding a row is an addition (no division per key), and ask for the
+ * next block before it is needed: the blocks are scattered, which no prefetcher can guess. Each head's
+ * arithmetic (which products are summed, in what order) is the same however the heads are grouped. */
+static void attend(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
+                   int64_t L, int64_t g0, int64_t g1, int64_t G, int64_t num_kv_heads, int64_t D,
+                   int64_t block_size, float scale, float *w, float *out) {
+    const int64_t heads = (g1 - g0) * G, span = (g1 - g0) * D;  /* floats of one token's row we read */
+    const int64_t row = num_kv_heads * D, block = block_size * row;  /* strides in the cache */
+    const int64_t blocks = (L + block_size - 1) / block_size;
+#define FIRST_ROW(cache, b) ((cache) + (int64_t)table[b] * block + g0 * D)
+#define PREFETCH_BLOCK(cache, b)                                                           \
+    if ((b) < blocks)                                                                      \
+        for (int64_t r = 0; r < AHEAD && r < block_size && (b) * block_size + r < L; r++) \
+            prefetch_span(FIRST_ROW(cache, b) + r * row, span)
+    PREFETCH_BLOCK(k_cache, 0);
+    for (int64_t b = 0; b < blocks; b++) {  /* scores: each key row read once for the G heads that share it */
+        PREFETCH_BLOCK(k_cache, b + 1);
+        const float *kb = FIRST_ROW(k_cache, b);
+        int64_t j0 = b * block_size, rows = L - j0 < block_size ? L - j0 : block_size, r = 0;
+        for (; r + 4 <= rows; r += 4) {
+            for (int64_t g = 0; g < g1 - g0; g++) {
+                const float *k = kb + r * row + g * D;
+                for (int64_t h = g * G; h < (g + 1) * G; h++) {
+                    float s[4];
+                    dot4(q + h * D, k, k + row, k + 2 * row, k + 3 * row, D, s);
+                    for (int l = 0; l < 4; l++) w[h * L + j0 + r + l] = s[l] * scale;
+                }
+            }
         }
+        for (; r < rows; r++)
+            for (int64_t h = 0; h < heads; h++) w[h * L + j0 + r] = dot(q + h * D, kb + r * row + h / G * D, D) * scale;
     }
-    for (; j < L; j++)
-        for (int64_t h = 0; h < G; h++) w[h * L + j] = dot(q + h * D, KEY(j), D) * scale;
-    float total[64];  /* G <= 64, checked by the caller */
-    for (int64_t h = 0; h < G; h++) {  /* softmax numerators, normalised at the end */
+    float *total = w + heads * L;  /* each head's sum of weights */
+    for (int64_t h = 0; h < heads; h++) {  /* softmax numerators, normalised at the end */
         float *s = w + h * L, m = -INFINITY, t = 0.f;
         for (int64_t j = 0; j < L; j++) m = s[j] > m ? s[j] : m;
         for (int64_t j = 0; j < L; j++) { s[j] = expf(s[j] - m); t += s[j]; }
         total[h] = t;
     }
-    memset(out, 0, (size_t)(G * D) * sizeof(float));
-    for (int64_t j = 0; j < L; j++) {  /* values: each row read once, added into every head's output */
-        const float *v = VALUE(j);
-        for (int64_t h = 0; h < G; h++) {
-            float wj = w[h * L + j], *o = out + h * D;
-            for (int64_t d = 0; d < D; d++) o[d] += wj * v[d];
+    memset(out, 0, (size_t)(heads * D) * sizeof(float));
+    PREFETCH_BLOCK(v_cache, 0);
+    for (int64_t b = 0; b < blocks; b++) {  /* values: each row read once, added into every head's output */
+        PREFETCH_BLOCK(v_cache, b + 1);
+        const float *vb = FIRST_ROW(v_cache, b);
+        int64_t j0 = b * block_size, rows = L - j0 < block_size ? L - j0 : block_size;
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t g = 0; g < g1 - g0; g++) {
+                const float *v = vb + r * row + g * D;
+                for (int64_t h = g * G; h < (g + 1) * G; h++) {
+                    float wj = w[h * L + j0 + r], *o = out + h * D;
+                    for (int64_t d = 0; d < D; d++) o[d] += wj * v[d];
+                }
+            }
         }
     }
-    for (int64_t h = 0; h < G; h++)
+    for (int64_t h = 0; h < heads; h++)
         for (int64_t d = 0; d < D; d++) out[h * D + d] /= total[h];
-#undef KEY
-#undef VALUE
-#undef SLOT
+#undef PREFETCH_BLOCK
+#undef FIRST_ROW
 }
 
 /* q [n, H, D], caches [num_blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
- * context_lens [n] int32, out [n, H, D]; workspace: threads * G * max(context_lens) floats.
+ * context_lens [n] int32, out [n, H, D]; workspace: threads * H * (max(context_lens) + 1) floats.
  * Returns 0, or -1 (head counts), or -2 - i when sequence i's context length or block table would
  * read outside the cache: checked before anything is read, so a bad table is an error, not a crash. */
 int inflight_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, int64_t num_blocks,
@@ -113,27 +137,31 @@ int inflight_paged_decode_f32(const float *q, const float *k_cache, const float 
                               float *out) {
     int64_t G = num_heads / num_kv_heads;
     if (G < 1 || G > 64 || num_heads % num_kv_heads) return -1;
+    /* whole sequences per work item when there are enough of them to share out (contiguous reads);
+     * otherwise one item per (sequence, kv head), so a small batch still keeps every thread busy */
+    int64_t per_item = n >= 4 * (int64_t)threads ? num_kv_heads : 1;
     for (int64_t i = 0; i < n; i++) {
         int64_t L = context_lens[i];
-        if (L < 1 || L > max_blocks * block_size || L * G > workspace_per_thread) return (int)(-2 - i);
+        if (L < 1 || L > max_blocks * block_size || (L + 1) * per_item * G > workspace_per_thread)
+            return (int)(-2 - i);
         for (int64_t b = 0; b < (L + block_size - 1) / block_size; b++) {
             int32_t blk = block_tables[i * max_blocks + b];
             if (blk < 0 || blk >= num_blocks) return (int)(-2 - i);
         }
     }
-    int64_t items = n * num_kv_heads;
+    int64_t items = n * (num_kv_heads / per_item);
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 4)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
 #endif
     for (int64_t item = 0; item < items; item++) {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        int64_t i = item / num_kv_heads, g = item % num_kv_heads;
-        attend_group(q + (i * num_heads + g * G) * D, k_cache, v_cache, block_tables + i * max_blocks,
-                     context_lens[i], g, G, num_kv_heads, D, block_size, scale,
-                     workspace + tid * workspace_per_thread, out + (i * num_heads + g * G) * D);
+        int64_t i = item / (num_kv_heads / per_item), g0 = item % (num_kv_heads / per_item) * per_item;
+        attend(q + (i * num_heads + g0 * G) * D, k_cache, v_cache, block_tables + i * max_blocks, context_lens[i],
+               g0, g0 + per_item, G, num_kv_heads, D, block_size, scale, workspace + tid * workspace_per_thread,
+               out + (i * num_heads + g0 * G) * D);
     }
     return 0;
 }
