@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inflight.model import attention as attn
+from inflight.model import attention as attn, fused_ops
 from inflight.model import cpu_attention
 from test_kv_cache_attention import _naive, _random_batch
 
@@ -166,12 +166,13 @@ def test_the_side_by_side_bench_runs_both_and_compares_tokens(model):
     step = cpu_kernel.attention_step_ms(model, batch=4, repeats=2)
     assert set(step) == {"torch", "c"} and all(t > 0 for t in step.values())
     e2e = cpu_kernel.end_to_end(model, n=4, repeats=1, prompt_range=(3, 10), output_mean=4, output_cap=8)
-    assert len(e2e["tokens_per_s"]["c"]) == len(e2e["tokens_per_s"]["torch"]) == 1
-    assert e2e["requests_with_identical_tokens"] == 4
+    assert len(e2e["tokens_per_s"]["c"]) == len(e2e["tokens_per_s"]["torch"]) == len(e2e["tokens_per_s"]["fused"]) == 1
+    assert e2e["requests_with_identical_tokens"] == e2e["fused_requests_with_identical_tokens"] == 4
     assert model.attention_backend.name == "auto"  # the model's own backend is put back
+    assert not fused_ops._state.get("off")  # and the fused passes are on again
     text = cpu_kernel.report({"status": "ok", "batch": 4, "attention_step_ms": step, "attention_speedup": 1.0,
                               "end_to_end": e2e})
-    assert "identical tokens on 4 of 4" in text
+    assert text.count("identical tokens on 4 of 4") == 2
     assert "unavailable" in cpu_kernel.report({"status": "unavailable", "reason": "no C compiler"})
 
 

@@ -1,14 +1,18 @@
-"""`python -m inflight.bench.cpu_kernel`: the C decode kernel against the plain-torch reference, side by side.
+"""`python -m inflight.bench.cpu_kernel`: the C code of the CPU path against the plain-torch reference, side by side.
 
-Two measurements, both alternating the two attention implementations in one process so that the
-machine's drift hits both alike:
+Two measurements, both alternating the implementations in one process so that the machine's drift
+hits all of them alike:
 
 - **attention alone**: every layer's attention for one decode step of B sequences with long-tailed
-  contexts in scattered blocks (what a busy paged engine sees), best of many runs;
+  contexts in scattered blocks (what a busy paged engine sees), C decode kernel vs reference, best of
+  many runs;
 - **end to end**: the paged engine (the benchmark's mode 4) serving the long-tailed workload, each
-  implementation `repeats` times; the greedy tokens of the two must be identical, request for request.
+  implementation `repeats` times: everything in torch ("torch"), the C attention kernel alone ("c"),
+  and the C attention kernel plus the fused passes between the matrix multiplies ("fused", the
+  engine's default on a CPU). The greedy tokens must be identical to the reference's, request for
+  request.
 
-Where no C compiler is available the kernel can't be built, and the report says why.
+Where no C compiler is available the C code can't be built, and the report says why.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import json
 import random
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,17 +31,33 @@ import torch
 
 from inflight.bench.config import BenchConfig
 from inflight.blocks import blocks_needed
-from inflight.model import cpu_attention
+from inflight.model import cpu_attention, fused_ops
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 
 __all__ = ["attention_step_ms", "end_to_end", "run", "main"]
 
-IMPLS = ("torch", "c")
+IMPLS = ("torch", "c")  # the attention implementations
+ENGINE_IMPLS = ("torch", "c", "fused")
 #: the backend each implementation runs under in the engine: "auto" is the engine's default, which on a
 #: CPU gives the C kernel whole steps of short prompts (and "c" by name takes decode-only steps alone)
-ENGINE_BACKEND = {"torch": "torch", "c": "auto"}
+ENGINE_BACKEND = {"torch": "torch", "c": "auto", "fused": "auto"}
+
+
+@contextmanager
+def _implementation(model: Any, name: str):
+    """The engine's model runs attention and the small operators the way `name` says, inside the block."""
+    saved = model.attention_backend
+    model.attention_backend = AttentionBackend(ENGINE_BACKEND[name])
+    try:
+        if name == "fused":
+            yield
+        else:
+            with fused_ops.reference_only():
+                yield
+    finally:
+        model.attention_backend = saved
 
 
 def _decode_step(model: Any, batch: int, block_size: int, seed: int):
@@ -82,27 +103,24 @@ def end_to_end(model: Any, n: int = 256, repeats: int = 2, seed: int = 0, **work
     setup = _setup(cfg, model)
     lt, _ = _plan(cfg, model.config.vocab_size, setup.max_len)
     warm = _plan(BenchConfig(n=4, seed=seed + 1, **workload), model.config.vocab_size, setup.max_len)[0]
-    saved = model.attention_backend
-    speeds: dict[str, list[float]] = {name: [] for name in IMPLS}
+    speeds: dict[str, list[float]] = {name: [] for name in ENGINE_IMPLS}
     tokens: dict[str, dict[str, list[int]]] = {}
-    try:
-        for name in IMPLS:
-            model.attention_backend = AttentionBackend(ENGINE_BACKEND[name])
+    for name in ENGINE_IMPLS:
+        with _implementation(model, name):
             run_mode("paged", setup, warm)
-            if model.attention_backend.last_used != name:
-                raise RuntimeError(f"the engine ran {model.attention_backend.last_used!r} attention, not {name!r}")
-        for _ in range(repeats):
-            for name in IMPLS:
-                model.attention_backend = AttentionBackend(ENGINE_BACKEND[name])
+            if model.attention_backend.last_used != ENGINE_BACKEND[name].replace("auto", "c"):
+                raise RuntimeError(f"the engine ran {model.attention_backend.last_used!r} attention for {name!r}")
+    for _ in range(repeats):
+        for name in ENGINE_IMPLS:
+            with _implementation(model, name):
                 rec = run_mode("paged", setup, lt)
-                speeds[name].append(lt.useful_tokens / rec.wall)
-                tokens.setdefault(name, rec.tokens)
-    finally:
-        model.attention_backend = saved
-    same = sum(tokens["c"][r.id] == tokens["torch"][r.id] for r in lt.requests)
+            speeds[name].append(lt.useful_tokens / rec.wall)
+            tokens.setdefault(name, rec.tokens)
+    same = {name: sum(tokens[name][r.id] == tokens["torch"][r.id] for r in lt.requests) for name in ("c", "fused")}
     return {"requests": n, "useful_tokens": lt.useful_tokens, "tokens_per_s": speeds,
             "speedup_per_pair": [c / t for c, t in zip(speeds["c"], speeds["torch"])],
-            "requests_with_identical_tokens": same}
+            "fused_speedup_per_pair": [f / t for f, t in zip(speeds["fused"], speeds["torch"])],
+            "requests_with_identical_tokens": same["c"], "fused_requests_with_identical_tokens": same["fused"]}
 
 
 def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
@@ -110,8 +128,8 @@ def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
     from inflight.threads import configure_threads, machine_load
 
     threads = configure_threads()
-    if cpu_attention.load() is None:
-        return {"status": "unavailable", "reason": cpu_attention.build_error()}
+    if cpu_attention.load() is None or fused_ops.load() is None:
+        return {"status": "unavailable", "reason": cpu_attention.build_error() or fused_ops.build_error()}
     model = load_tiny()[0].eval()
     load_before = machine_load()
     step = attention_step_ms(model, batch)
@@ -129,10 +147,13 @@ def report(res: dict[str, Any]) -> str:
     lines = [f"attention of one decode step, {res['batch']} sequences, all layers: reference {s['torch']:.2f} ms, "
              f"C kernel {s['c']:.2f} ms ({res['attention_speedup']:.1f}x)",
              f"paged engine, {e['requests']} long-tailed requests ({e['useful_tokens']} tokens), alternated:"]
-    for name in IMPLS:
-        lines.append(f"  {name:6} " + ", ".join(f"{t:.0f}" for t in e["tokens_per_s"][name]) + " tokens/s")
-    lines.append("  C / reference per pair: " + ", ".join(f"{x:.2f}x" for x in e["speedup_per_pair"]) +
+    what = {"torch": "all torch", "c": "C attention", "fused": "C attention + fused ops"}
+    for name in ENGINE_IMPLS:
+        lines.append(f"  {what[name]:24} " + ", ".join(f"{t:.0f}" for t in e["tokens_per_s"][name]) + " tokens/s")
+    lines.append("  C attention / all torch per run: " + ", ".join(f"{x:.2f}x" for x in e["speedup_per_pair"]) +
                  f"; identical tokens on {e['requests_with_identical_tokens']} of {e['requests']} requests")
+    lines.append("  + fused ops / all torch per run: " + ", ".join(f"{x:.2f}x" for x in e["fused_speedup_per_pair"]) +
+                 f"; identical tokens on {e['fused_requests_with_identical_tokens']} of {e['requests']} requests")
     return "\n".join(lines)
 
 

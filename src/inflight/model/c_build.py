@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build"]
+__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "turned_off"]
 
 _CHECK = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, name) for name in sys.argv[2:]]"
 
@@ -102,6 +102,14 @@ def _load(path: Path, symbols: Sequence[str]) -> ctypes.CDLL:
     if missing:
         raise _Damaged(f"{path.name} lacks {missing}")
     return lib
+
+
+def turned_off() -> str | None:
+    """Why the C code must not run (`INFLIGHT_CPU_KERNEL=0`: every operator stays on its torch
+    reference), or None."""
+    if os.environ.get("INFLIGHT_CPU_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "turned off by INFLIGHT_CPU_KERNEL=0"
+    return None
 
 
 def build(source: Path, flag_sets: Sequence[Sequence[str]], symbols: Sequence[str]) -> tuple[ctypes.CDLL | None, str | None]:

@@ -15,7 +15,6 @@ exactness path (half precision on a CPU stays on the reference).
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import torch
@@ -33,8 +32,8 @@ _state: dict = {}  # "lib": the loaded library or None, "error": why not
 
 
 def _build() -> tuple[ctypes.CDLL | None, str | None]:
-    if os.environ.get("INFLIGHT_CPU_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "turned off by INFLIGHT_CPU_KERNEL=0"
+    if c_build.turned_off():
+        return None, c_build.turned_off()
     # OpenMP threads where the compiler has them (c_build checks, caches and loads the library)
     lib, err = c_build.build(SOURCE, [FLAGS + ["-fopenmp"], FLAGS], SYMBOLS)
     if lib is not None:

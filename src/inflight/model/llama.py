@@ -20,7 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from inflight.model.attention import AttentionBackend, write_kv
+from inflight.model import fused_ops
+from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 
@@ -103,11 +104,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype  # normalise in float32 like HF, then scale in the model's dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Normalised x; with `residual`, (normalised residual + x, residual + x): the residual add
+        and the norm in one pass (`fused_ops.rms_norm`)."""
+        return fused_ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -134,11 +134,6 @@ def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, layer_idx: int):
         super().__init__()
@@ -155,16 +150,15 @@ class Attention(nn.Module):
         qk_size = self.q_size + self.kv_size
         # rotate q and k together: they are adjacent columns of the fused projection
         qk = qkv[..., :qk_size].unflatten(-1, (self.n_heads + self.n_kv, self.head_dim))
-        qk = qk * cos + _rotate_half(qk) * sin
+        qk = fused_ops.apply_rotary(qk, cos, sin)
         q, k = qk.split([self.n_heads, self.n_kv], dim=-2)
         v = qkv[..., qk_size:].unflatten(-1, (self.n_kv, self.head_dim))
         return q, k, v
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache, backend: AttentionBackend):
         """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
-        q, k, v = self._qkv(x, cos, sin)
         kc, vc = kv_cache.k_cache[self.layer_idx], kv_cache.v_cache[self.layer_idx]
-        write_kv(kc, vc, k, v, meta.slot_mapping)
+        q = fused_ops.rotary_and_cache(self.qkv_proj(x), cos, sin, kc, vc, meta.slot_mapping, self.n_heads, self.n_kv)
         out = backend(q, kc, vc, meta, self.scale)
         return self.o_proj(out.flatten(-2))
 
@@ -184,8 +178,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU
+        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
@@ -196,9 +189,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, meta, kv_cache, backend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, meta, kv_cache, backend):
+        """The serving pass, with the residual stream kept apart as vLLM does: `x` is the previous
+        layer's output and `residual` the running sum before it (None at the first layer), so each
+        residual add happens inside the norm that follows it. Returns this layer's (output, residual)."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos, sin, meta, kv_cache, backend)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
     def forward_dense(self, x, cos, sin):
         x = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin)
@@ -257,13 +258,14 @@ class LlamaModel(nn.Module):
             raise ValueError(f"{input_ids.numel()} tokens but the metadata describes {meta.num_tokens}")
         if kv_cache.num_layers != len(self.layers):
             raise ValueError(f"KV cache has {kv_cache.num_layers} layers, model has {len(self.layers)}")
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
         for layer in self.layers:
-            x = layer(x, cos, sin, meta, kv_cache, self.attention_backend)
-        if logits_indices is not None:
-            x = x[logits_indices]  # the LM head only where a token will be sampled
-        return self.lm_head(self.norm(x)).float()
+            x, residual = layer(x, residual, cos, sin, meta, kv_cache, self.attention_backend)
+        if logits_indices is not None:  # the LM head only where a token will be sampled
+            x, residual = x[logits_indices], residual[logits_indices]
+        x, _ = self.norm(x, residual)
+        return self.lm_head(x).float()
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """`input_ids [B, L]` -> logits `[B, L, vocab]`, causal, no KV cache (training / scoring)."""

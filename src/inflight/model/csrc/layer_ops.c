@@ -1,0 +1,151 @@
+/* The small operators between a decoder layer's matrix multiplies, fused, float32, on the CPU.
+ *
+ * In plain torch each of these is five to ten operators, each a dispatch, an allocation and a pass
+ * over memory; at a decode step's size (tens of rows of a few hundred floats) that overhead, not the
+ * arithmetic, is the cost. Each function here is one pass with the same arithmetic as the torch
+ * reference in inflight/model/fused_ops.py, operation for operation, in the same order, so that
+ * the results agree to the last bit except where noted (the sum of squares of RMSNorm, and exp
+ * in SiLU, which torch evaluates with its own vector code: ours are within a unit or two in the last
+ * place). Every row is computed on its own, in a
+ * fixed order, so a row's result never depends on what else is in the batch.
+ *
+ * The names are vLLM's: fused_add_rms_norm, silu_and_mul, and a rotary embedding fused with
+ * reshape_and_cache (the write of this step's keys and values into their cache slots).
+ *
+ * Built without floating-point contraction (-ffp-contract=off): a*b + c*d must be two rounded
+ * products and a rounded sum, as torch computes it, not a fused multiply-add.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* rows this large or larger are shared out over OpenMP threads; below, waking threads costs more */
+#define PARALLEL_FLOATS 65536
+
+/* Eight floats in one vector register (GCC/Clang vector extensions: AVX on x86, NEON on ARM, plain
+ * scalar code elsewhere), loaded and stored through memcpy (one unaligned vector load or store). A
+ * row's last n % 8 floats go through the same code in a zero-padded register, so every element is
+ * computed the same way wherever it sits in the row. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
+static inline v8 load_tail(const float *p, int64_t n) { v8 x = {0.f}; memcpy(&x, p, (size_t)n * sizeof(float)); return x; }
+static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+static inline v8 splat(float a) { return (v8){a, a, a, a, a, a, a, a}; }
+/* lanes of a where the mask (all ones or all zeros per lane, as comparisons give) is set, else b */
+static inline v8 select8(v8i mask, v8 a, v8 b) { return (v8)((mask & (v8i)a) | (~mask & (v8i)b)); }
+
+/* Sum of the squares of n floats: eight lanes, then the lanes in a fixed order (as torch's vector
+ * reduction does, though not in its order). */
+static inline float sum_squares(const float *x, int64_t n) {
+    v8 acc = {0.f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) { v8 a = load8(x + i); acc += a * a; }
+    if (i < n) { v8 a = load_tail(x + i, n - i); acc += a * a; }
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* exp of eight finite floats, Cephes' single-precision method (within about 2 units in the last
+ * place): x = n ln2 + r with |r| <= ln2 / 2, a degree-6 polynomial for e^r, and 2^n built in the
+ * exponent bits (as 2^(n-1) * 2, so that n = 128 still has an exponent). Past expf's overflow point
+ * the answer is infinity, as torch's is; below -86.6 it is about 1e-38 rather than a subnormal (silu
+ * only ever adds it to 1). */
+static inline v8 exp8(v8 x) {
+    v8i overflow = x > splat(88.72283935546875f);
+    x = select8(x < splat(88.72283935546875f), x, splat(88.72283935546875f));
+    x = select8(x > splat(-86.6f), x, splat(-86.6f));
+    v8 fx = x * splat(1.44269504088896341f) + splat(0.5f);
+    v8i n = __builtin_convertvector(fx, v8i);            /* truncates towards zero ... */
+    n += (v8i)(__builtin_convertvector(n, v8) > fx);    /* ... so step down where fx < 0: floor */
+    v8 fn = __builtin_convertvector(n, v8);
+    x = x - fn * splat(0.693359375f) - fn * splat(-2.12194440e-4f);
+    v8 y = splat(1.9875691500e-4f);
+    y = y * x + splat(1.3981999507e-3f);
+    y = y * x + splat(8.3334519073e-3f);
+    y = y * x + splat(4.1665795894e-2f);
+    y = y * x + splat(1.6666665459e-1f);
+    y = y * x + splat(5.0000001201e-1f);
+    y = y * (x * x) + x + splat(1.f);
+    v8i bits = (n + 126) << 23;
+    v8 half_scale;
+    memcpy(&half_scale, &bits, sizeof half_scale);
+    return select8(overflow, splat(__builtin_inff()), y * half_scale * splat(2.f));
+}
+
+/* silu(g) * u for eight lanes: g / (1 + exp(-g)) * u */
+static inline v8 silu_mul8(v8 g, v8 u) { return g / (splat(1.f) + exp8(-g)) * u; }
+
+/* RMSNorm of `rows` rows of `dim`: out = weight * (h * (1 / sqrt(mean(h^2) + eps))), where h is x,
+ * or, with a residual, residual + x -- which is also stored back into residual (the running sum of
+ * the residual stream that the next layer adds to). */
+void inflight_rms_norm_f32(const float *x, float *residual, const float *weight, int64_t rows, int64_t dim,
+                           float eps, float *out) {
+#ifdef _OPENMP
+#pragma omp parallel for if (rows * dim >= PARALLEL_FLOATS) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        const float *h = x + r * dim;
+        if (residual) {
+            float *res = residual + r * dim;
+            for (int64_t i = 0; i < dim; i++) res[i] = res[i] + h[i];
+            h = res;
+        }
+        float mean = sum_squares(h, dim) / (float)dim;
+        float inv = 1.0f / sqrtf(mean + eps);
+        float *o = out + r * dim;
+        for (int64_t i = 0; i < dim; i++) o[i] = weight[i] * (h[i] * inv);
+    }
+}
+
+/* SwiGLU's middle: x [rows, 2 * inter] holds gate | up; out [rows, inter] = silu(gate) * up, with
+ * silu(g) = g / (1 + exp(-g)). */
+void inflight_silu_and_mul_f32(const float *x, int64_t rows, int64_t inter, float *out) {
+#ifdef _OPENMP
+#pragma omp parallel for if (rows * inter >= PARALLEL_FLOATS) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = x + r * 2 * inter, *up = gate + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) store8(o + i, silu_mul8(load8(gate + i), load8(up + i)));
+        if (i < inter) {
+            v8 y = silu_mul8(load_tail(gate + i, inter - i), load_tail(up + i, inter - i));
+            memcpy(o + i, &y, (size_t)(inter - i) * sizeof(float));
+        }
+    }
+}
+
+/* One token's rotary embedding, in place on `heads` rows of D floats (Hugging Face's rotate-half
+ * convention): x[i] * cos[i] + rotate_half(x)[i] * sin[i], rotate_half(x) = (-x[D/2:], x[:D/2]). */
+static inline void rotate(float *x, int64_t heads, int64_t D, const float *cos, const float *sin) {
+    int64_t half = D / 2;
+    for (int64_t h = 0; h < heads; h++, x += D) {
+        for (int64_t i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cos[i] + (-x2) * sin[i];
+            x[i + half] = x2 * cos[i + half] + x1 * sin[i + half];
+        }
+    }
+}
+
+/* A step's projections qkv [T, (H + 2 * KV) * D] (q heads, then k heads, then v heads per token):
+ * rotate q and k in place with cos/sin [T, D], then copy each token's k and v rows into slot
+ * slot_mapping[t] of caches [num_slots, KV, D]. Returns 0, or -1 - t when token t's slot lies
+ * outside the cache: every slot is checked before anything is written. */
+int inflight_rotary_and_cache_f32(float *qkv, int64_t T, int64_t H, int64_t KV, int64_t D, const float *cos,
+                                  const float *sin, float *k_cache, float *v_cache, int64_t num_slots,
+                                  const int64_t *slot_mapping) {
+    for (int64_t t = 0; t < T; t++)
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots) return (int)(-1 - t);
+    int64_t width = (H + 2 * KV) * D, kv_row = KV * D;
+#ifdef _OPENMP
+#pragma omp parallel for if (T * width >= PARALLEL_FLOATS) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        float *row = qkv + t * width;
+        rotate(row, H + KV, D, cos + t * D, sin + t * D);  /* q and k heads are adjacent */
+        memcpy(k_cache + slot_mapping[t] * kv_row, row + H * D, (size_t)kv_row * sizeof(float));
+        memcpy(v_cache + slot_mapping[t] * kv_row, row + (H + KV) * D, (size_t)kv_row * sizeof(float));
+    }
+    return 0;
+}
