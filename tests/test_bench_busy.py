@@ -30,6 +30,15 @@ def test_report_has_both_runs_and_the_target_on_the_default():
     assert v["kept"] == pytest.approx(v["busy"]["tokens_per_s"] / v["quiet"]["tokens_per_s"])
     assert v["quiet"]["passive_wait"] is True and v["busy"]["passive_wait"] is True
     assert res["target"]["keep_at_least"] == busy.KEEP_TARGET and res["competitors"] == 1
+    assert v["kept_min"] == v["kept_max"] == v["kept"] and v["quiet"]["adaptive_threads"] is True
+
+
+def test_rounds_report_the_median_round_and_the_spread():
+    res = busy.run_busy_benchmark(2, ["fixed"], competitors=1, log=lambda s: None, rounds=3)
+    v = res["variants"]["fixed"]
+    assert len(v["kept_per_round"]) == 3 and v["kept_min"] <= v["kept"] <= v["kept_max"]
+    assert sorted(v["kept_per_round"])[1] == v["kept"] and v["quiet"]["adaptive_threads"] is False
+    assert "target" not in res  # the target is on the default only
 
 
 def test_measure_here_runs_this_process_alone_and_beside_competitors():

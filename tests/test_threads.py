@@ -74,3 +74,68 @@ def test_load_watch_sees_other_programs_working_during_a_measurement():
     assert watch.other_cores >= 0.6 and watch.busy
     d = watch.as_dict()
     assert d["busy"] is True and d["wall_s"] >= 1.0 and d["before"]["cores"] >= 1
+
+
+def _governor(samples, cores=2):
+    it = iter(samples)
+    g = threads.ThreadGovernor(read_running=lambda: next(it))
+    g.cores = cores
+    return g
+
+
+def test_the_governor_narrows_to_the_free_cores_for_a_step_and_puts_the_count_back():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = _governor([1] * 3 + [3] * 10 + [1] * 10)  # quiet (only this thread), two neighbours, quiet again
+        assert [g.adjust() for _ in range(3)] == [2, 2, 2] and g.narrowed_steps == 0
+        counts = []
+        for _ in range(10):  # a neighbour per core: one thread, once the average has caught up
+            counts.append(g.adjust())
+            assert torch.get_num_threads() == counts[-1]
+            g.restore()
+            assert torch.get_num_threads() == 2  # the rest of the process never sees the change
+        assert counts[0] == 2 and counts[-1] == 1 and g.narrowed_steps >= 5
+        assert [g.adjust() for _ in range(10)][-1] == 2  # and back to every core when they leave
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_blip_changes_nothing_and_no_proc_means_no_change():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = _governor([1, 3, 1, 1])
+        assert [g.adjust() for _ in range(4)] == [2, 2, 2, 2]
+        assert _governor([None]).adjust() == 2
+        torch.set_num_threads(1)
+        assert _governor([1]).adjust() == 1  # never more threads than were set
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_every_operator_gives_the_same_tokens_on_one_thread_or_two():
+    """What lets the governor change the count mid-run: the engine's tokens don't depend on it."""
+    import torch
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.engine.sampling import SamplingParams
+    from inflight.model.loading import load_tiny
+
+    model = load_tiny()[0].eval()
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (5, 60, 2, 33)]
+    before, outs = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            engine = LLMEngine(model, block_size=4, num_blocks=128, max_batch_size=4, max_batched_tokens=32)
+            engine.runner.threads = None  # this test sets the count itself
+            outs.append([o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True),
+                                                              use_tqdm=False)])
+    finally:
+        torch.set_num_threads(before)
+    assert outs[0] == outs[1]

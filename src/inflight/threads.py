@@ -13,8 +13,10 @@ OpenMP reads that variable once, when torch's library loads, so it has to be in 
 loaded yet — the chapters and `python -m inflight.bench` import inflight first.
 `configure_threads()` then picks the number of threads for this process: every core when idle
 threads sleep, one thread when they would spin (torch was imported first, or you chose another
-policy), because one thread has no barrier to wait at. `machine_load()` says whether other programs
-compete for the cores, so that a measurement taken on a busy machine can be flagged as such.
+policy), because one thread has no barrier to wait at. While an engine runs, its `ThreadGovernor`
+narrows that to the cores other programs leave free, and widens it again when they go.
+`machine_load()` says whether other programs compete for the cores, so that a measurement taken on
+a busy machine can be flagged as such.
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "passive_wait_in_effect",
-           "usable_cores", "BUSY_RUNNABLE"]
+__all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "ThreadGovernor", "configure_threads", "machine_load",
+           "passive_wait_in_effect", "usable_cores", "adaptive_threads_wanted", "BUSY_RUNNABLE"]
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
+ADAPT_VAR = "INFLIGHT_ADAPT_THREADS"  # "0": engines keep the thread count they were given
 #: a machine is "busy" when, on average, at least this many other threads were runnable (or other
 #: programs kept this many cores busy during a run)
 BUSY_RUNNABLE = 0.5
@@ -217,3 +220,58 @@ class LoadWatch:
         return {"busy": self.busy, "other_cores_during": self.other_cores, "wall_s": self.wall_seconds,
                 "cpu_s": self.cpu_seconds, "before": self.before.as_dict() if self.before else None,
                 "after": self.after.as_dict() if self.after else None}
+
+
+def adaptive_threads_wanted() -> bool:
+    """Whether engines should fit their threads to the free cores (`ThreadGovernor`): yes unless
+    `INFLIGHT_ADAPT_THREADS=0`."""
+    return os.environ.get(ADAPT_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class ThreadGovernor:
+    """Fits torch's thread count, for each engine step, to the cores other programs leave free.
+
+    Sleeping idle threads stop the collapse, but a team of two on a machine where a neighbour holds
+    one of two cores still waits, at the end of every parallel region, for whichever member was
+    descheduled. One thread has no one to wait for. So before each step the governor reads how many
+    *other* threads are runnable (`/proc/loadavg`, one small read), averages that over the last few
+    steps so that a passing blip changes nothing, and runs the step on `max(1, cores - others)`
+    threads, never more than were set before it; `restore()` puts the count back after the step, so
+    nothing else in the process sees the change. On a quiet machine that is every core, with a
+    neighbour per core one. The tokens don't change: each operator gives the same bits with any
+    thread count (the tests check it). Where `/proc/loadavg` doesn't exist, it does nothing;
+    `INFLIGHT_ADAPT_THREADS=0` turns it off.
+    """
+
+    def __init__(self, smoothing: float = 0.3, read_running=None):
+        import torch
+
+        self._torch = torch
+        self.cores = usable_cores()
+        self.smoothing = smoothing  # weight of the newest sample in the running average
+        self.others = 0.0           # running average of other runnable threads
+        self.narrowed_steps = 0     # steps run on fewer threads than were set
+        self._read = read_running or _running_threads
+        self._saved: int | None = None
+
+    def adjust(self) -> int:
+        """Sample the machine and set torch's threads for the coming step; returns the count."""
+        self.restore()  # (in case the last step's wasn't)
+        now = self._torch.get_num_threads()
+        running = self._read()
+        if running is None:
+            return now
+        self.others += self.smoothing * (max(0, running - 1) - self.others)  # minus this thread
+        # a neighbour counts once the average says so (0.75 of one): a single sample of one isn't enough
+        want = max(1, min(now, self.cores - int(self.others + 0.25)))
+        if want != now:
+            self._saved = now
+            self._torch.set_num_threads(want)
+            self.narrowed_steps += 1
+        return want
+
+    def restore(self) -> None:
+        """Put back the thread count `adjust` found."""
+        if self._saved is not None:
+            self._torch.set_num_threads(self._saved)
+            self._saved = None

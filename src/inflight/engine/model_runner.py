@@ -21,6 +21,7 @@ from inflight.engine.sequence import Sequence
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache, default_kv_budget_bytes, kv_bytes_per_token
 from inflight.model.sampler import Sampler
+from inflight.threads import ThreadGovernor, adaptive_threads_wanted
 
 __all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "default_num_blocks", "default_swap_blocks",
            "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]
@@ -62,6 +63,8 @@ class ModelRunner:
         self.device = kv_cache.device
         # decode-only steps that fit a bucket run padded from static buffers (graph replay on CUDA)
         self.graphs = graphs
+        # on a CPU, each step runs on the cores other programs leave free (None: threads left alone)
+        self.threads = ThreadGovernor() if self.device.type == "cpu" and adaptive_threads_wanted() else None
 
     def prepare(self, batch: SchedulerOutput) -> StepInputs:
         """Flatten the ragged batch: each request contributes its tokens from `num_computed_tokens`
@@ -88,6 +91,15 @@ class ModelRunner:
         batch order; `{k: reason}` for the k-th of them if it could not be sampled (its token is -1:
         only that request fails); and the time each part took."""
         t0 = time.perf_counter()
+        if self.threads is not None:
+            self.threads.adjust()
+            try:
+                return self._run(batch, t0)
+            finally:
+                self.threads.restore()
+        return self._run(batch, t0)
+
+    def _run(self, batch: SchedulerOutput, t0: float) -> tuple[list[int], dict[int, str], StepTimes]:
         if self.graphs is not None and self.graphs.can_run(batch.seqs):
             seqs = batch.seqs  # a decode-only step: every request is sampled
             bucket, longest = self.graphs.prepare(seqs)
