@@ -17,19 +17,18 @@ Where no C compiler is available the C code can't be built, and the report says 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from inflight.bench.config import BenchConfig
+from inflight.bench.report import print_and_save
 from inflight.blocks import blocks_needed
 from inflight.model import cpu_attention, fused_ops
 from inflight.model.attention import AttentionBackend
@@ -165,12 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", help="write the results JSON here")
     a = p.parse_args(argv)
     res = run(a.num_requests, a.repeats, a.batch)
-    print(report(res))
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-        print(f"results written to {a.out}")
-    return 0 if res["status"] == "ok" else 1
-
+    return print_and_save(res, report(res), a.out)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -9,7 +9,7 @@ from typing import Any
 
 from inflight.bench.config import MODE_TITLES, MODES
 
-__all__ = ["format_table", "format_report", "save_results"]
+__all__ = ["format_table", "format_report", "save_results", "print_and_save"]
 
 
 def _f(x: Any, fmt: str, scale: float = 1.0) -> str:
@@ -168,3 +168,13 @@ def save_results(results: dict[str, Any], path: str | Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(_jsonable(results), indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def print_and_save(res: dict[str, Any], text: str, out: str | None) -> int:
+    """A side benchmark's ending: print its report, write its JSON to `out` if given; the exit status
+    (0 when it ran, 1 when it was unavailable here)."""
+    print(text)
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        print(f"results written to {out}")
+    return 0 if res["status"] == "ok" else 1

@@ -12,14 +12,13 @@ for request (float32), or its speed is not reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Sequence
 
 from inflight.bench.config import BenchConfig
+from inflight.bench.report import print_and_save
 from inflight.bench.metrics import ideal_speedup
 
 __all__ = ["run", "report", "main", "TARGET_OF_IDEAL"]
@@ -106,12 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.num_requests < 1 or a.rounds < 1:
         p.error("--num-requests and --rounds must be >= 1")
     res = run(a.num_requests, a.rounds)
-    print(report(res))
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-        print(f"results written to {a.out}")
-    return 0 if res["status"] == "ok" else 1
-
+    return print_and_save(res, report(res), a.out)
 
 if __name__ == "__main__":
     raise SystemExit(main())
