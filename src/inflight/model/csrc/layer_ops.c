@@ -4,10 +4,10 @@
  * over memory; at a decode step's size (tens of rows of a few hundred floats) that overhead, not the
  * arithmetic, is the cost. Each function here is one pass with the same arithmetic as the torch
  * reference in inflight/model/fused_ops.py, operation for operation, in the same order, so that
- * the results agree to the last bit except where noted (the sum of squares of RMSNorm, and exp
- * in SiLU, which torch evaluates with its own vector code: ours are within a unit or two in the last
- * place). Every row is computed on its own, in a
- * fixed order, so a row's result never depends on what else is in the batch.
+ * the results agree to the last bit except where noted: the sum of squares of RMSNorm (added in
+ * double here, in float by torch) and exp in SiLU (torch has its own vector code) move a value by a
+ * few units in the last place at most. Every row is computed on its own, in a fixed order, so a
+ * row's result never depends on what else is in the batch.
  *
  * The names are vLLM's: fused_add_rms_norm, silu_and_mul, and a rotary embedding fused with
  * reshape_and_cache (the write of this step's keys and values into their cache slots).
@@ -35,14 +35,25 @@ static inline v8 splat(float a) { return (v8){a, a, a, a, a, a, a, a}; }
 /* lanes of a where the mask (all ones or all zeros per lane, as comparisons give) is set, else b */
 static inline v8 select8(v8i mask, v8 a, v8 b) { return (v8)((mask & (v8i)a) | (~mask & (v8i)b)); }
 
-/* Sum of the squares of n floats: eight lanes, then the lanes in a fixed order (as torch's vector
- * reduction does, though not in its order). */
-static inline float sum_squares(const float *x, int64_t n) {
-    v8 acc = {0.f};
+/* Sum of the squares of n floats, each square rounded to float as torch's x.pow(2) does, added in
+ * double in eight lanes and then the lanes in a fixed order: the same for every row and batch, and
+ * exact enough that the result's error is its last rounding, not the row's length. */
+typedef double v4d __attribute__((vector_size(32)));
+static inline double sum_squares(const float *x, int64_t n) {
+    v4d lo = {0.}, hi = {0.};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) { v8 a = load8(x + i); acc += a * a; }
-    if (i < n) { v8 a = load_tail(x + i, n - i); acc += a * a; }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i + 8 <= n; i += 8) {
+        v8 a = load8(x + i), sq = a * a;
+        lo += (v4d){sq[0], sq[1], sq[2], sq[3]};
+        hi += (v4d){sq[4], sq[5], sq[6], sq[7]};
+    }
+    if (i < n) {
+        v8 a = load_tail(x + i, n - i), sq = a * a;
+        lo += (v4d){sq[0], sq[1], sq[2], sq[3]};
+        hi += (v4d){sq[4], sq[5], sq[6], sq[7]};
+    }
+    v4d t = lo + hi;
+    return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
 /* exp of eight finite floats, Cephes' single-precision method (within about 2 units in the last
@@ -90,7 +101,7 @@ void inflight_rms_norm_f32(const float *x, float *residual, const float *weight,
             for (int64_t i = 0; i < dim; i++) res[i] = res[i] + h[i];
             h = res;
         }
-        float mean = sum_squares(h, dim) / (float)dim;
+        float mean = (float)(sum_squares(h, dim) / (double)dim);
         float inv = 1.0f / sqrtf(mean + eps);
         float *o = out + r * dim;
         for (int64_t i = 0; i < dim; i++) o[i] = weight[i] * (h[i] * inv);
