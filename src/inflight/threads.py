@@ -129,12 +129,39 @@ def machine_load(seconds: float = 0.2, samples: int = 10) -> MachineLoad:
     return MachineLoad(usable_cores(), avg, others, _cpu_pressure(), _runnable_names())
 
 
+class _LoadavgReader:
+    """The running-threads field of `/proc/loadavg`, read often (the ThreadGovernor reads it every
+    step): the file stays open and each read is one `pread`, a few microseconds; opening it again
+    each time costs ten times that."""
+
+    def __init__(self):
+        try:
+            self._fd: int | None = os.open("/proc/loadavg", os.O_RDONLY)
+        except (OSError, AttributeError):  # not Linux
+            self._fd = None
+
+    def __call__(self) -> int | None:
+        if self._fd is None:
+            return None
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+_loadavg: _LoadavgReader | None = None  # one open file for the process
+
+
 def _running_threads() -> int | None:
-    try:
-        with open("/proc/loadavg") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    """Threads running or runnable right now, this one included (Linux `/proc/loadavg`; else None)."""
+    global _loadavg
+    if _loadavg is None:
+        _loadavg = _LoadavgReader()
+    return _loadavg()
 
 
 def _cpu_pressure() -> float | None:
@@ -222,29 +249,6 @@ class LoadWatch:
                 "after": self.after.as_dict() if self.after else None}
 
 
-class _LoadavgReader:
-    """`_running_threads()` for every step: the file stays open and each read is one `pread`
-    (a few microseconds; opening it again each time costs ten times that)."""
-
-    def __init__(self):
-        try:
-            self._fd: int | None = os.open("/proc/loadavg", os.O_RDONLY)
-        except (OSError, AttributeError):  # not Linux
-            self._fd = None
-
-    def __call__(self) -> int | None:
-        if self._fd is None:
-            return None
-        try:
-            return int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def __del__(self):
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
-
-
 def adaptive_threads_wanted() -> bool:
     """Whether engines should fit their threads to the free cores (`ThreadGovernor`): yes unless
     `INFLIGHT_ADAPT_THREADS=0`."""
@@ -274,7 +278,7 @@ class ThreadGovernor:
         self.smoothing = smoothing  # weight of the newest sample in the running average
         self.others = 0.0           # running average of other runnable threads
         self.narrowed_steps = 0     # steps run on fewer threads than were set
-        self._read = read_running or _LoadavgReader()
+        self._read = read_running or _running_threads
         self._saved: int | None = None
 
     def adjust(self) -> int:

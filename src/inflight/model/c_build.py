@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "turned_off"]
+__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "turned_off", "profiled_call"]
 
 _CHECK = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, name) for name in sys.argv[2:]]"
 
@@ -136,3 +136,14 @@ def build(source: Path, flag_sets: Sequence[Sequence[str]], symbols: Sequence[st
                     except OSError:
                         pass
     return None, f"could not build {source.name}: {errors[-1]}"
+
+
+def profiled_call(name: str, fn, *args):
+    """fn(*args) — a compiled function — inside a torch.profiler range called `name` when a profiler
+    runs, so that op tables show the C code's time under its own name instead of its caller's."""
+    import torch
+
+    if torch.autograd.profiler._is_profiler_enabled:
+        with torch.profiler.record_function(name):
+            return fn(*args)
+    return fn(*args)

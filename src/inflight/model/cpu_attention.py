@@ -116,11 +116,7 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     work = torch.empty(threads * per_thread, dtype=torch.float32)
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), n, H, kvh, D, block_size, scale, work.data_ptr(), per_thread, threads, out.data_ptr())
-    if torch.autograd.profiler._is_profiler_enabled:  # a named range, so that op profiles show the kernel's time
-        with torch.profiler.record_function(PROFILER_NAME):
-            rc = lib.inflight_paged_decode_f32(*args)
-    else:
-        rc = lib.inflight_paged_decode_f32(*args)
+    rc = c_build.profiled_call(PROFILER_NAME, lib.inflight_paged_decode_f32, *args)
     if rc <= -2:  # checked before any read: nothing outside the cache was touched
         i = -2 - rc
         raise ValueError(f"query {i}: context length {int(lens[i])} with block table {tables[i].tolist()[:8]}... "

@@ -121,9 +121,9 @@ def rotary_and_cache_reference(qkv, cos, sin, k_cache, v_cache, slot_mapping, nu
 
 # --- what the model calls: the C pass where it can run, else the reference --------------------------
 
-def _named(name: str):
-    """A torch.profiler range, so that op tables show the fused pass under its own name."""
-    return torch.profiler.record_function(f"inflight::{name}_c")
+def _call(name: str, fn, *args):
+    """fn(*args), shown in torch.profiler tables as `inflight::<name>_c`."""
+    return c_build.profiled_call(f"inflight::{name}_c", fn, *args)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -135,11 +135,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     out = torch.empty_like(x)
     args = (x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
             x.numel() // max(1, x.shape[-1]), x.shape[-1], eps, out.data_ptr())
-    if torch.autograd.profiler._is_profiler_enabled:
-        with _named("rms_norm"):
-            _state["lib"].inflight_rms_norm_f32(*args)
-    else:
-        _state["lib"].inflight_rms_norm_f32(*args)
+    _call("rms_norm", _state["lib"].inflight_rms_norm_f32, *args)
     return out if residual is None else (out, residual)
 
 
@@ -150,11 +146,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     inter = x.shape[-1] // 2
     out = x.new_empty(*x.shape[:-1], inter)
     args = (x.data_ptr(), x.numel() // max(1, x.shape[-1]), inter, out.data_ptr())
-    if torch.autograd.profiler._is_profiler_enabled:
-        with _named("silu_and_mul"):
-            _state["lib"].inflight_silu_and_mul_f32(*args)
-    else:
-        _state["lib"].inflight_silu_and_mul_f32(*args)
+    _call("silu_and_mul", _state["lib"].inflight_silu_and_mul_f32, *args)
     return out
 
 
@@ -173,11 +165,7 @@ def rotary_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     slots = k_cache.shape[0] * k_cache.shape[1]
     args = (qkv.data_ptr(), T, num_heads, num_kv_heads, D, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
             v_cache.data_ptr(), slots, slot_mapping.data_ptr())
-    if torch.autograd.profiler._is_profiler_enabled:
-        with _named("rotary_and_cache"):
-            rc = _state["lib"].inflight_rotary_and_cache_f32(*args)
-    else:
-        rc = _state["lib"].inflight_rotary_and_cache_f32(*args)
+    rc = _call("rotary_and_cache", _state["lib"].inflight_rotary_and_cache_f32, *args)
     if rc != 0:  # checked before anything was written
         raise IndexError(f"token {-1 - rc}: slot {int(slot_mapping[-1 - rc])} is outside the cache ({slots} slots)")
     return qkv[:, :num_heads * D].unflatten(-1, (num_heads, D))
