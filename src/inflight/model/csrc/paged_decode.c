@@ -51,9 +51,9 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     for (; i < n; i++) s[0] += q[i] * k0[i], s[1] += q[i] * k1[i], s[2] += q[i] * k2[i], s[3] += q[i] * k3[i];
 }
 
-/* ask the memory system for n floats from p (one request per 64-byte cache line) */
-#define AHEAD 16  /* key rows prefetched ahead: one block of the usual size */
+#define AHEAD 16  /* rows of a block asked for ahead: a whole block of the usual size */
 
+/* ask the memory system for n floats from p (one request per 64-byte cache line) */
 static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
