@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from inflight.model import c_build
 from inflight.model.attention import write_kv
 
-__all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "load", "build_error", "reference_only",
+__all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "split_and_rotate", "load", "build_error", "reference_only",
            "rms_norm_reference", "silu_and_mul_reference", "rotary_and_cache_reference"]
 
 SOURCE = Path(__file__).with_name("csrc") / "layer_ops.c"
@@ -108,14 +108,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def split_and_rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                     head_dim: int):
+    """q, k (rotated) and v `[..., heads, D]` of a fused projection `[..., (H + 2 KV) D]`; cos/sin
+    `[..., 1, D]` broadcast over the heads."""
+    qk_size = (num_heads + num_kv_heads) * head_dim
+    # rotate q and k together: they are adjacent columns of the fused projection
+    qk = apply_rotary(qkv[..., :qk_size].unflatten(-1, (num_heads + num_kv_heads, head_dim)), cos, sin)
+    q, k = qk.split([num_heads, num_kv_heads], dim=-2)
+    return q, k, qkv[..., qk_size:].unflatten(-1, (num_kv_heads, head_dim))
+
+
 def rotary_and_cache_reference(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads: int, num_kv_heads: int):
     """Split qkv `[T, (H + 2 KV) D]`, rotate q and k with cos/sin `[T, 1, D]`, write k and v into
     their slots of one layer's cache -> q `[T, H, D]`."""
-    D = k_cache.shape[-1]
-    qk = apply_rotary(qkv[:, :(num_heads + num_kv_heads) * D].unflatten(-1, (num_heads + num_kv_heads, D)), cos, sin)
-    q, k = qk.split([num_heads, num_kv_heads], dim=-2)
-    write_kv(k_cache, v_cache, k, qkv[:, (num_heads + num_kv_heads) * D:].unflatten(-1, (num_kv_heads, D)),
-             slot_mapping)
+    q, k, v = split_and_rotate(qkv, cos, sin, num_heads, num_kv_heads, k_cache.shape[-1])
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
 
 

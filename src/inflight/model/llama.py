@@ -146,14 +146,7 @@ class Attention(nn.Module):
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q, k (rotated) and v of x `[..., hidden]`; cos/sin `[..., 1, head_dim]` broadcast over heads."""
-        qkv = self.qkv_proj(x)
-        qk_size = self.q_size + self.kv_size
-        # rotate q and k together: they are adjacent columns of the fused projection
-        qk = qkv[..., :qk_size].unflatten(-1, (self.n_heads + self.n_kv, self.head_dim))
-        qk = fused_ops.apply_rotary(qk, cos, sin)
-        q, k = qk.split([self.n_heads, self.n_kv], dim=-2)
-        v = qkv[..., qk_size:].unflatten(-1, (self.n_kv, self.head_dim))
-        return q, k, v
+        return fused_ops.split_and_rotate(self.qkv_proj(x), cos, sin, self.n_heads, self.n_kv, self.head_dim)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache, backend: AttentionBackend):
         """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
