@@ -175,7 +175,6 @@ class AttentionMetadata:
                            self.block_tables.index_select(0, idx)[:, :width].contiguous(),
                            self.context_lens.index_select(0, idx))
 
-
     @cached_property
     def token_batch(self) -> DecodeBatch:
         """Every token of the step as a one-token query over its own prefix (a prefill token at

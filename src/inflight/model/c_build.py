@@ -20,9 +20,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "turned_off", "profiled_call"]
+__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "build_kernel", "turned_off", "profiled_call"]
 
 _CHECK = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, name) for name in sys.argv[2:]]"
 
@@ -136,6 +136,20 @@ def build(source: Path, flag_sets: Sequence[Sequence[str]], symbols: Sequence[st
                     except OSError:
                         pass
     return None, f"could not build {source.name}: {errors[-1]}"
+
+
+def build_kernel(source: Path, flags: Sequence[str], symbols: Sequence[str],
+                 declare: Callable[[ctypes.CDLL], None]) -> tuple[ctypes.CDLL | None, str | None]:
+    """What every C file of the package goes through: nothing when `turned_off()`, else `build` with
+    OpenMP threads where the compiler has them (without, where it hasn't), and `declare(lib)` to give
+    the functions their argument types. (library, None), or (None, why not)."""
+    off = turned_off()
+    if off:
+        return None, off
+    lib, err = build(source, [list(flags) + ["-fopenmp"], list(flags)], symbols)
+    if lib is not None:
+        declare(lib)
+    return lib, err
 
 
 def profiled_call(name: str, fn, *args):

@@ -31,16 +31,6 @@ INT32_MAX = 2**31 - 1
 _state: dict = {}  # "lib": the loaded library or None, "error": why not
 
 
-def _build() -> tuple[ctypes.CDLL | None, str | None]:
-    if c_build.turned_off():
-        return None, c_build.turned_off()
-    # OpenMP threads where the compiler has them (c_build checks, caches and loads the library)
-    lib, err = c_build.build(SOURCE, [FLAGS + ["-fopenmp"], FLAGS], SYMBOLS)
-    if lib is not None:
-        _declare(lib)
-    return lib, err
-
-
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.inflight_paged_decode_f32.argtypes = [p, p, p, i64, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
@@ -52,7 +42,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built on the first call in this process), or None where it can't be."""
     if "lib" not in _state:
-        _state["lib"], _state["error"] = _build()
+        _state["lib"], _state["error"] = c_build.build_kernel(SOURCE, FLAGS, SYMBOLS, _declare)
     return _state["lib"]
 
 

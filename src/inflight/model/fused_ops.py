@@ -36,20 +36,20 @@ SYMBOLS = ("inflight_rms_norm_f32", "inflight_silu_and_mul_f32", "inflight_rotar
 _state: dict = {}
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.inflight_rms_norm_f32.argtypes = [p, p, p, i64, i64, ctypes.c_float, p]
+    lib.inflight_rms_norm_f32.restype = None
+    lib.inflight_silu_and_mul_f32.argtypes = [p, i64, i64, p]
+    lib.inflight_silu_and_mul_f32.restype = None
+    lib.inflight_rotary_and_cache_f32.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, p]
+    lib.inflight_rotary_and_cache_f32.restype = ctypes.c_int
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled operators (built on first use, cached per machine by `c_build`), or None."""
     if "lib" not in _state:
-        lib, err = (None, c_build.turned_off()) if c_build.turned_off() else \
-            c_build.build(SOURCE, [FLAGS + ["-fopenmp"], FLAGS], SYMBOLS)
-        if lib is not None:
-            p, i64 = ctypes.c_void_p, ctypes.c_int64
-            lib.inflight_rms_norm_f32.argtypes = [p, p, p, i64, i64, ctypes.c_float, p]
-            lib.inflight_rms_norm_f32.restype = None
-            lib.inflight_silu_and_mul_f32.argtypes = [p, i64, i64, p]
-            lib.inflight_silu_and_mul_f32.restype = None
-            lib.inflight_rotary_and_cache_f32.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, p]
-            lib.inflight_rotary_and_cache_f32.restype = ctypes.c_int
-        _state["lib"], _state["error"] = lib, err
+        _state["lib"], _state["error"] = c_build.build_kernel(SOURCE, FLAGS, SYMBOLS, _declare)
     return _state["lib"]
 
 
