@@ -400,7 +400,7 @@ def test_a_step_that_raises_leaves_torchs_thread_count_as_it_was(exc, monkeypatc
     torch.set_num_threads(2)
     try:
         engine = _tiny_engine()
-        gov = ThreadGovernor(read_running=lambda: 50)  # a crowded machine: narrow to one thread
+        gov = ThreadGovernor(read_others=lambda: 49)  # a crowded machine: narrow to one thread
         gov.cores = 2
         engine.runner.threads = gov
         seen = []
@@ -427,12 +427,12 @@ def test_governed_engine_tokens_equal_ungoverned_and_count_restored():
     prompts = [[1, 2, 3, 4, 5], list(range(30)), [7]]
     try:
         outs = []
-        for reader in (None, iter([1, 5, 1, 5, 5, 5, 1] * 100).__next__):
+        for reader in (None, iter([0, 4, 0, 4, 4, 4, 0] * 100).__next__):
             engine = _tiny_engine()
             if reader is None:
                 engine.runner.threads = None
             else:
-                engine.runner.threads = ThreadGovernor(read_running=reader)
+                engine.runner.threads = ThreadGovernor(read_others=reader)
                 engine.runner.threads.cores = 2
             outs.append([o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True),
                                                               use_tqdm=False)])

@@ -76,9 +76,48 @@ def test_load_watch_sees_other_programs_working_during_a_measurement():
     assert d["busy"] is True and d["wall_s"] >= 1.0 and d["before"]["cores"] >= 1
 
 
+def test_this_process_busy_threads_are_not_counted_as_other_programs():
+    """/proc/loadavg counts torch's own workers too (runnable for a moment after each parallel
+    region); counted as a neighbour, they made the governor run a quiet machine on one thread."""
+    if not os.path.exists("/proc/self/task"):
+        pytest.skip("needs Linux /proc")
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def spin():  # a thread of this process that is always runnable
+        while not stop.is_set():
+            sum(range(1000))
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    try:
+        own = threads._OwnThreads()
+        seen = []
+        for _ in range(20):
+            seen.append(own())
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        t.join()
+    assert max(seen) >= 2  # the spinner and this thread: both ours
+
+
+def test_other_runnable_is_the_machine_count_less_this_process(monkeypatch):
+    machine = iter([1, 5, 4, 3, 3])
+    monkeypatch.setattr(threads, "_running_threads", lambda: next(machine))
+    monkeypatch.setattr(threads, "_own", lambda: 2)
+    assert threads._other_runnable() == 0  # only the reader: this process's threads not even read
+    assert threads._other_runnable() == 2  # 5 then 4 around our 2: the smaller, less ours
+    assert threads._other_runnable() == 1
+    monkeypatch.setattr(threads, "_running_threads", lambda: None)
+    assert threads._other_runnable() is None  # no /proc/loadavg
+
+
 def _governor(samples, cores=2):
     it = iter(samples)
-    g = threads.ThreadGovernor(read_running=lambda: next(it))
+    g = threads.ThreadGovernor(read_others=lambda: next(it))
     g.cores = cores
     return g
 
@@ -89,7 +128,7 @@ def test_the_governor_narrows_to_the_free_cores_for_a_step_and_puts_the_count_ba
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        g = _governor([1] * 3 + [3] * 10 + [1] * 10)  # quiet (only this thread), two neighbours, quiet again
+        g = _governor([0] * 3 + [2] * 10 + [0] * 10)  # quiet, two neighbours, quiet again
         assert [g.adjust() for _ in range(3)] == [2, 2, 2] and g.narrowed_steps == 0
         counts = []
         for _ in range(10):  # a neighbour per core: one thread, once the average has caught up
@@ -109,11 +148,11 @@ def test_one_blip_changes_nothing_and_no_proc_means_no_change():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        g = _governor([1, 3, 1, 1])
+        g = _governor([0, 2, 0, 0])
         assert [g.adjust() for _ in range(4)] == [2, 2, 2, 2]
         assert _governor([None]).adjust() == 2
         torch.set_num_threads(1)
-        assert _governor([1]).adjust() == 1  # never more threads than were set
+        assert _governor([0]).adjust() == 1  # never more threads than were set
     finally:
         torch.set_num_threads(before)
 

@@ -111,14 +111,14 @@ class MachineLoad:
 
 
 def machine_load(seconds: float = 0.2, samples: int = 10) -> MachineLoad:
-    """Sample how many other threads are runnable (Linux: `/proc/loadavg`, which counts the sampling
-    thread itself; elsewhere the 1-minute load average stands in) over `seconds`."""
+    """Sample how many threads of other programs are runnable (Linux: `/proc/loadavg` less this
+    process's own; elsewhere the 1-minute load average stands in) over `seconds`."""
     counts = []
     for i in range(samples):
-        running = _running_threads()
-        if running is None:
+        others = _other_runnable()
+        if others is None:
             break
-        counts.append(max(0, running - 1))  # minus the thread that is reading
+        counts.append(others)
         if i + 1 < samples:
             time.sleep(seconds / samples)
     try:
@@ -153,15 +153,69 @@ class _LoadavgReader:
             os.close(self._fd)
 
 
+class _OwnThreads:
+    """How many of this process's own threads are running or runnable right now (Linux
+    `/proc/self/task/*/stat`). `/proc/loadavg` counts them too: a worker of torch's OpenMP team
+    that has just finished a parallel region is still runnable for a moment on its way to sleep,
+    and must not be mistaken for another program. The stat files stay open (one `pread` each); the
+    list of threads is read again each time, since OpenMP and torch start theirs lazily."""
+
+    def __init__(self):
+        self._fds: dict[str, int] = {}
+
+    def __call__(self) -> int:
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return 1  # at least the thread asking
+        for gone in self._fds.keys() - set(tids):
+            os.close(self._fds.pop(gone))
+        running = 0
+        for tid in tids:
+            try:
+                if tid not in self._fds:
+                    self._fds[tid] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+                stat = os.pread(self._fds[tid], 512, 0)
+            except OSError:  # the thread ended between the listing and the read
+                continue
+            state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+            running += state == b"R"
+        return max(1, running)
+
+    def __del__(self):
+        for fd in getattr(self, "_fds", {}).values():
+            os.close(fd)
+
+
 _loadavg: _LoadavgReader | None = None  # one open file for the process
+_own: _OwnThreads | None = None
 
 
 def _running_threads() -> int | None:
-    """Threads running or runnable right now, this one included (Linux `/proc/loadavg`; else None)."""
+    """Threads running or runnable right now, on the whole machine, this one included (Linux
+    `/proc/loadavg`; else None)."""
     global _loadavg
     if _loadavg is None:
         _loadavg = _LoadavgReader()
     return _loadavg()
+
+
+def _other_runnable() -> int | None:
+    """Threads of *other* programs running or runnable right now (Linux; else None).
+
+    The machine's count minus this process's own runnable threads. The two are read a moment apart,
+    so the machine's is read on both sides of this process's and the smaller taken: a worker of ours
+    that fell asleep in between is then not counted as someone else. On a quiet machine the first
+    read usually says 1 (the reader) and the rest is skipped."""
+    global _own
+    first = _running_threads()
+    if first is None or first <= 1:
+        return None if first is None else 0
+    if _own is None:
+        _own = _OwnThreads()
+    mine = _own()
+    second = _running_threads()
+    return max(0, min(first, second if second is not None else first) - mine)
 
 
 def _cpu_pressure() -> float | None:
@@ -261,7 +315,8 @@ class ThreadGovernor:
     Sleeping idle threads stop the collapse, but a team of two on a machine where a neighbour holds
     one of two cores still waits, at the end of every parallel region, for whichever member was
     descheduled. One thread has no one to wait for. So before each step the governor reads how many
-    *other* threads are runnable (`/proc/loadavg`, one small read), averages that over the last few
+    threads of *other* programs are runnable (`/proc/loadavg`, less this process's own: torch's
+    workers are still runnable for a moment after each parallel region), averages that over the last few
     steps so that a passing blip changes nothing, and runs the step on `max(1, cores - others)`
     threads, never more than were set before it; `restore()` puts the count back after the step, so
     nothing else in the process sees the change. On a quiet machine that is every core, with a
@@ -270,7 +325,7 @@ class ThreadGovernor:
     `INFLIGHT_ADAPT_THREADS=0` turns it off.
     """
 
-    def __init__(self, smoothing: float = 0.3, read_running=None):
+    def __init__(self, smoothing: float = 0.3, read_others=None):
         import torch
 
         self._torch = torch
@@ -278,17 +333,17 @@ class ThreadGovernor:
         self.smoothing = smoothing  # weight of the newest sample in the running average
         self.others = 0.0           # running average of other runnable threads
         self.narrowed_steps = 0     # steps run on fewer threads than were set
-        self._read = read_running or _running_threads
+        self._read = read_others or _other_runnable  # () -> other programs' runnable threads, or None
         self._saved: int | None = None
 
     def adjust(self) -> int:
         """Sample the machine and set torch's threads for the coming step; returns the count."""
         self.restore()  # (in case the last step's wasn't)
         now = self._torch.get_num_threads()
-        running = self._read()
-        if running is None:
+        others = self._read()
+        if others is None:
             return now
-        self.others += self.smoothing * (max(0, running - 1) - self.others)  # minus this thread
+        self.others += self.smoothing * (others - self.others)
         # a neighbour counts once the average says so (0.75 of one): a single sample of one isn't enough
         want = max(1, min(now, self.cores - int(self.others + 0.25)))
         if want != now:
