@@ -170,9 +170,11 @@ def test_the_side_by_side_bench_runs_both_and_compares_tokens(model):
     assert e2e["requests_with_identical_tokens"] == e2e["fused_requests_with_identical_tokens"] == 4
     assert model.attention_backend.name == "auto"  # the model's own backend is put back
     assert not fused_ops._state.get("off")  # and the fused passes are on again
+    linear = cpu_kernel.linear_step_ms(model, rows=(1, 3), repeats=2)
+    assert set(linear) == {"1", "3"} and all(set(t) == {"torch", "skinny"} and min(t.values()) > 0 for t in linear.values())
     text = cpu_kernel.report({"status": "ok", "batch": 4, "attention_step_ms": step, "attention_speedup": 1.0,
-                              "end_to_end": e2e})
-    assert text.count("identical tokens on 4 of 4") == 2
+                              "linear_step_ms": linear, "skinny_max_rows": 64, "end_to_end": e2e})
+    assert text.count("identical tokens on 4 of 4") == 2 and "up to 64 rows" in text
     assert "unavailable" in cpu_kernel.report({"status": "unavailable", "reason": "no C compiler"})
 
 
@@ -183,6 +185,16 @@ def test_the_cache_key_names_the_cpu_and_the_compiler(monkeypatch):
     monkeypatch.setattr(c_build, "cpu_id", lambda: "model name: another CPU\nflags: avx512f\n")
     assert c_build.library_path(cpu_attention.SOURCE, ["cc"], cpu_attention.FLAGS) != base
     assert c_build.library_path(cpu_attention.SOURCE, ["gcc", "-m64"], cpu_attention.FLAGS) != base
+
+
+def test_editing_a_shared_header_rebuilds_the_kernels_that_include_it(tmp_path):
+    from inflight.model import c_build
+
+    (tmp_path / "k.c").write_text('#include "v.h"\nint f(void) { return V; }\n')
+    (tmp_path / "v.h").write_text("#define V 1\n")
+    before = c_build.library_path(tmp_path / "k.c", ["cc"], [])
+    (tmp_path / "v.h").write_text("#define V 2\n")
+    assert c_build.library_path(tmp_path / "k.c", ["cc"], []) != before
 
 
 @pytest.mark.parametrize("cc, reason", [("true", "wrote nothing"), ("cc -O0 -DNOTHING", None)])

@@ -54,7 +54,9 @@ def compiler() -> list[str] | None:
 
 
 def library_path(source: Path, cc: Sequence[str], flags: Sequence[str]) -> Path:
-    key = hashlib.sha256(source.read_bytes() + " ".join([*cc, *flags, platform.machine(), cpu_id()]).encode())
+    # the headers beside the source (vec8.h) are part of what gets built: editing one rebuilds its users
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join([*cc, *flags, platform.machine(), cpu_id()]).encode())
     return cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 

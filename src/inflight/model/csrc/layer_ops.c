@@ -19,21 +19,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec8.h"
+
 /* rows this large or larger are shared out over OpenMP threads; below, waking threads costs more */
 #define PARALLEL_FLOATS 65536
 
-/* Eight floats in one vector register (GCC/Clang vector extensions: AVX on x86, NEON on ARM, plain
- * scalar code elsewhere), loaded and stored through memcpy (one unaligned vector load or store). A
- * row's last n % 8 floats go through the same code in a zero-padded register, so every element is
- * computed the same way wherever it sits in the row. */
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
-static inline v8 load_tail(const float *p, int64_t n) { v8 x = {0.f}; memcpy(&x, p, (size_t)n * sizeof(float)); return x; }
-static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
-static inline v8 splat(float a) { return (v8){a, a, a, a, a, a, a, a}; }
-/* lanes of a where the mask (all ones or all zeros per lane, as comparisons give) is set, else b */
-static inline v8 select8(v8i mask, v8 a, v8 b) { return (v8)((mask & (v8i)a) | (~mask & (v8i)b)); }
+/* A row's last n % 8 floats go through the same vector code (vec8.h) in a zero-padded register, so
+ * every element is computed the same way wherever it sits in the row. */
 
 /* Sum of the squares of n floats, each square rounded to float as torch's x.pow(2) does, added in
  * double in eight lanes and then the lanes in a fixed order: the same for every row and batch, and
@@ -54,33 +46,6 @@ static inline double sum_squares(const float *x, int64_t n) {
     }
     v4d t = lo + hi;
     return (t[0] + t[2]) + (t[1] + t[3]);
-}
-
-/* exp of eight finite floats, Cephes' single-precision method (within about 2 units in the last
- * place): x = n ln2 + r with |r| <= ln2 / 2, a degree-6 polynomial for e^r, and 2^n built in the
- * exponent bits (as 2^(n-1) * 2, so that n = 128 still has an exponent). Past expf's overflow point
- * the answer is infinity, as torch's is; below -86.6 it is about 1e-38 rather than a subnormal (silu
- * only ever adds it to 1). */
-static inline v8 exp8(v8 x) {
-    v8i overflow = x > splat(88.72283935546875f);
-    x = select8(x < splat(88.72283935546875f), x, splat(88.72283935546875f));
-    x = select8(x > splat(-86.6f), x, splat(-86.6f));
-    v8 fx = x * splat(1.44269504088896341f) + splat(0.5f);
-    v8i n = __builtin_convertvector(fx, v8i);            /* truncates towards zero ... */
-    n += (v8i)(__builtin_convertvector(n, v8) > fx);    /* ... so step down where fx < 0: floor */
-    v8 fn = __builtin_convertvector(n, v8);
-    x = x - fn * splat(0.693359375f) - fn * splat(-2.12194440e-4f);
-    v8 y = splat(1.9875691500e-4f);
-    y = y * x + splat(1.3981999507e-3f);
-    y = y * x + splat(8.3334519073e-3f);
-    y = y * x + splat(4.1665795894e-2f);
-    y = y * x + splat(1.6666665459e-1f);
-    y = y * x + splat(5.0000001201e-1f);
-    y = y * (x * x) + x + splat(1.f);
-    v8i bits = (n + 126) << 23;
-    v8 half_scale;
-    memcpy(&half_scale, &bits, sizeof half_scale);
-    return select8(overflow, splat(__builtin_inff()), y * half_scale * splat(2.f));
 }
 
 /* silu(g) * u for eight lanes: g / (1 + exp(-g)) * u */

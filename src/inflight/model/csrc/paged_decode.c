@@ -19,11 +19,7 @@
 #include <omp.h>
 #endif
 
-/* Eight floats in one vector register (GCC/Clang vector extensions: AVX on x86, NEON on ARM, plain
- * scalar code elsewhere); loads through memcpy, which compiles to one unaligned vector load. */
-typedef float v8 __attribute__((vector_size(32)));
-static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
-static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
+#include "vec8.h"
 
 /* q.k: eight partial sums in one register, added up in a fixed order (the same for every call) */
 static inline float dot(const float *q, const float *k, int64_t n) {
@@ -51,8 +47,6 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     for (; i < n; i++) s[0] += q[i] * k0[i], s[1] += q[i] * k1[i], s[2] += q[i] * k2[i], s[3] += q[i] * k3[i];
 }
 
-#define AHEAD 16  /* rows of a block asked for ahead: a whole block of the usual size */
-
 /* ask the memory system for n floats from p (one request per 64-byte cache line) */
 static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
@@ -61,13 +55,18 @@ static inline void prefetch_span(const float *p, int64_t n) {
 /* One work item: kv heads g0..g1-1 of one sequence, i.e. query heads g0*G..g1*G-1; w holds
  * (g1 - g0) * G * (L + 1) floats: the scores, then each head's sum of weights.
  *
- * Memory, not arithmetic, sets the pace, so the loops follow the cache's layout. A token's row holds
+ * At a large batch memory sets the pace, so the loops follow the cache's layout. A token's row holds
  * all kv heads side by side, so an item that takes all of a sequence's kv heads reads each block as
  * one contiguous run (block_size x kv_heads x D floats) that the hardware prefetcher can stream; an
  * item per (sequence, kv head) reads D floats and skips the other heads' rows. The loops walk the
  * block table block by block, so finding a row is an addition (no division per key), and ask for the
- * next block before it is needed: the blocks are scattered, which no prefetcher can guess. Each head's
- * arithmetic (which products are summed, in what order) is the same however the heads are grouped. */
+ * next block before it is needed: the blocks are scattered, which no prefetcher can guess.
+ *
+ * For a prefill chunk's queries the keys are already in cache and the arithmetic sets the pace, so
+ * none of it is left to scalar code: the softmax is eight lanes at a time (exp8), and a head's output
+ * stays in registers while the value rows of a block stream past, instead of being loaded and stored
+ * back for every row. Each head's arithmetic (which products are summed, in what order) is the same
+ * however the heads are grouped and whatever else is in the batch. */
 static void attend(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
                    int64_t L, int64_t g0, int64_t g1, int64_t G, int64_t num_kv_heads, int64_t D,
                    int64_t block_size, float scale, float *w, float *out) {
@@ -75,10 +74,12 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
     const int64_t row = num_kv_heads * D, block = block_size * row;  /* strides in the cache */
     const int64_t blocks = (L + block_size - 1) / block_size;
 #define FIRST_ROW(cache, b) ((cache) + (int64_t)table[b] * block + g0 * D)
-#define PREFETCH_BLOCK(cache, b)                                                           \
-    if ((b) < blocks)                                                                      \
-        for (int64_t r = 0; r < AHEAD && r < block_size && (b) * block_size + r < L; r++) \
-            prefetch_span(FIRST_ROW(cache, b) + r * row, span)
+#define PREFETCH_BLOCK(cache, b)                                                                  \
+    if ((b) < blocks) {                                                                           \
+        int64_t n_ = (L - (b) * block_size < block_size ? L - (b) * block_size : block_size);     \
+        if (span == row) prefetch_span(FIRST_ROW(cache, b), n_ * row);                            \
+        else for (int64_t r = 0; r < n_; r++) prefetch_span(FIRST_ROW(cache, b) + r * row, span); \
+    }
     PREFETCH_BLOCK(k_cache, 0);
     for (int64_t b = 0; b < blocks; b++) {  /* scores: each key row read once for the G heads that share it */
         PREFETCH_BLOCK(k_cache, b + 1);
@@ -99,25 +100,44 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
     }
     float *total = w + heads * L;  /* each head's sum of weights */
     for (int64_t h = 0; h < heads; h++) {  /* softmax numerators, normalised at the end */
-        float *s = w + h * L, m = -INFINITY, t = 0.f;
-        for (int64_t j = 0; j < L; j++) m = s[j] > m ? s[j] : m;
-        for (int64_t j = 0; j < L; j++) { s[j] = expf(s[j] - m); t += s[j]; }
-        total[h] = t;
+        float *s = w + h * L, m = -INFINITY;
+        int64_t j = 0;
+        v8 mx = splat(-INFINITY);  /* the maximum: in any order, it is exact */
+        for (; j + 8 <= L; j += 8) { v8 x = load8(s + j); mx = select8(x > mx, x, mx); }
+        for (int l = 0; l < 8; l++) m = mx[l] > m ? mx[l] : m;
+        for (; j < L; j++) m = s[j] > m ? s[j] : m;
+        v8 sum = {0.f}, top = splat(m);
+        for (j = 0; j + 8 <= L; j += 8) { v8 e = exp8(load8(s + j) - top); store8(s + j, e); sum += e; }
+        if (j < L) {  /* the last L % 8 scores through the same code, in a zero-padded register */
+            v8 e = exp8(load_tail(s + j, L - j) - top);
+            for (int64_t l = 0; l < L - j; l++) s[j + l] = e[l], sum[l] += e[l];
+        }
+        total[h] = sum8(sum);
     }
     memset(out, 0, (size_t)(heads * D) * sizeof(float));
     PREFETCH_BLOCK(v_cache, 0);
-    for (int64_t b = 0; b < blocks; b++) {  /* values: each row read once, added into every head's output */
+    for (int64_t b = 0; b < blocks; b++) {  /* values: each block read from memory once, then from L1 per head */
         PREFETCH_BLOCK(v_cache, b + 1);
         const float *vb = FIRST_ROW(v_cache, b);
         int64_t j0 = b * block_size, rows = L - j0 < block_size ? L - j0 : block_size;
-        for (int64_t r = 0; r < rows; r++) {
-            for (int64_t g = 0; g < g1 - g0; g++) {
-                const float *v = vb + r * row + g * D;
-                for (int64_t h = g * G; h < (g + 1) * G; h++) {
-                    float wj = w[h * L + j0 + r], *o = out + h * D;
-                    for (int64_t d = 0; d < D; d++) o[d] += wj * v[d];
+        for (int64_t h = 0; h < heads; h++) {
+            const float *vh = vb + h / G * D, *wh = w + h * L + j0;
+            float *o = out + h * D;
+            int64_t d = 0;
+            for (; d + 64 <= D; d += 64) {  /* 64 of the head's outputs stay in eight registers over the rows */
+                v8 a0 = load8(o + d), a1 = load8(o + d + 8), a2 = load8(o + d + 16), a3 = load8(o + d + 24);
+                v8 a4 = load8(o + d + 32), a5 = load8(o + d + 40), a6 = load8(o + d + 48), a7 = load8(o + d + 56);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *v = vh + r * row + d;
+                    v8 wj = splat(wh[r]);
+                    a0 += wj * load8(v), a1 += wj * load8(v + 8), a2 += wj * load8(v + 16), a3 += wj * load8(v + 24);
+                    a4 += wj * load8(v + 32), a5 += wj * load8(v + 40), a6 += wj * load8(v + 48), a7 += wj * load8(v + 56);
                 }
+                store8(o + d, a0), store8(o + d + 8, a1), store8(o + d + 16, a2), store8(o + d + 24, a3);
+                store8(o + d + 32, a4), store8(o + d + 40, a5), store8(o + d + 48, a6), store8(o + d + 56, a7);
             }
+            for (; d < D; d++)  /* a head size that isn't a multiple of 64: the rest one float at a time */
+                for (int64_t r = 0; r < rows; r++) o[d] += wh[r] * vh[r * row + d];
         }
     }
     for (int64_t h = 0; h < heads; h++)
