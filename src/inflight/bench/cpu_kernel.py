@@ -1,16 +1,19 @@
 """`python -m inflight.bench.cpu_kernel`: the C code of the CPU path against the plain-torch reference, side by side.
 
-Two measurements, both alternating the implementations in one process so that the machine's drift
+Three measurements, each alternating the implementations in one process so that the machine's drift
 hits all of them alike:
 
 - **attention alone**: every layer's attention for one decode step of B sequences with long-tailed
   contexts in scattered blocks (what a busy paged engine sees), C decode kernel vs reference, best of
   many runs;
+- **linear layers alone**: all of the model's linear layers for one step of 1 to 128 rows, the
+  weights pushed out of the CPU's caches first (as a step's attention does), torch's BLAS vs the
+  skinny-GEMM kernel, median of many runs: where `skinny_gemm.MAX_ROWS` comes from;
 - **end to end**: the paged engine (the benchmark's mode 4) serving the long-tailed workload, each
   implementation `repeats` times: everything in torch ("torch"), the C attention kernel alone ("c"),
-  and the C attention kernel plus the fused passes between the matrix multiplies ("fused", the
-  engine's default on a CPU). The greedy tokens must be identical to the reference's, request for
-  request.
+  and the C attention kernel plus the fused passes between the matrix multiplies and the skinny
+  GEMMs ("fused", the engine's default on a CPU). The greedy tokens must be identical to the
+  reference's, request for request.
 
 Where no C compiler is available the C code can't be built, and the report says why.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -30,12 +34,12 @@ import torch
 from inflight.bench.config import BenchConfig
 from inflight.bench.report import print_and_save
 from inflight.blocks import blocks_needed
-from inflight.model import cpu_attention, fused_ops
+from inflight.model import cpu_attention, fused_ops, skinny_gemm
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 
-__all__ = ["attention_step_ms", "end_to_end", "run", "main"]
+__all__ = ["attention_step_ms", "linear_step_ms", "end_to_end", "run", "main"]
 
 IMPLS = ("torch", "c")  # the attention implementations
 ENGINE_IMPLS = ("torch", "c", "fused")
@@ -43,6 +47,8 @@ ENGINE_IMPLS = ("torch", "c", "fused")
 #: CPU gives the C kernel whole steps of short prompts (and "c" by name takes decode-only steps alone)
 ENGINE_BACKEND = {"torch": "torch", "c": "auto", "fused": "auto"}
 ATTENTION_RAN = {"torch": "torch", "c": "c", "fused": "c"}  # what `last_used` must then say
+LINEAR_ROWS = (1, 2, 5, 16, 32, 48, 64, 96, 128)
+FLUSH_BYTES = 64 << 20  # more than a server CPU's last-level cache: what a step's KV read does to the weights
 
 
 @contextmanager
@@ -93,6 +99,32 @@ def attention_step_ms(model: Any, batch: int = 48, block_size: int = 16, repeats
     return {name: t * 1e3 for name, t in best.items()}
 
 
+def linear_step_ms(model: Any, rows: Sequence[int] = LINEAR_ROWS, repeats: int = 30,
+                   seed: int = 0) -> dict[str, dict[str, float]]:
+    """Milliseconds all the model's linear layers take for one step of each number of `rows`, torch
+    ("torch") vs the skinny-GEMM kernel ("skinny"), median of `repeats`; before each timing a buffer
+    larger than the caches is written, so the weights come from memory as in a serving step."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    flush = torch.empty(FLUSH_BYTES // 4)
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, dict[str, float]] = {}
+    with torch.inference_mode():
+        for m_rows in rows:
+            xs = [torch.randn(m_rows, m.in_features, generator=gen) for m in linears]
+            impls = {"torch": lambda m, x: torch.nn.functional.linear(x, m.weight, m.bias),
+                     "skinny": lambda m, x: skinny_gemm.kernel_linear(x, m.weight, m.bias)}
+            times: dict[str, list[float]] = {name: [] for name in impls}
+            for _ in range(repeats):
+                for name, fn in impls.items():
+                    flush.add_(1.0)
+                    start = time.perf_counter()
+                    for m, x in zip(linears, xs):
+                        fn(m, x)
+                    times[name].append(time.perf_counter() - start)
+            out[str(m_rows)] = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    return out
+
+
 def end_to_end(model: Any, n: int = 256, repeats: int = 2, seed: int = 0, **workload: Any) -> dict[str, Any]:
     """The paged engine on the long-tailed workload with each implementation, alternated: tokens/s of
     every run and whether the two gave the same tokens. `workload` overrides the benchmark's shape
@@ -128,16 +160,19 @@ def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
     from inflight.threads import configure_threads, machine_load
 
     threads = configure_threads()
-    if cpu_attention.load() is None or fused_ops.load() is None:
-        return {"status": "unavailable", "reason": cpu_attention.build_error() or fused_ops.build_error()}
+    if cpu_attention.load() is None or fused_ops.load() is None or skinny_gemm.load() is None:
+        return {"status": "unavailable",
+                "reason": cpu_attention.build_error() or fused_ops.build_error() or skinny_gemm.build_error()}
     model = load_tiny()[0].eval()
     load_before = machine_load()
     step = attention_step_ms(model, batch)
+    linear = linear_step_ms(model)
     e2e = end_to_end(model, n, repeats)
     return {"status": "ok", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m inflight.bench.cpu_kernel " + " ".join(sys.argv[1:]), "threads": threads.threads,
             "kernel_uses_openmp": cpu_attention.uses_openmp(), "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
-            "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"], "end_to_end": e2e}
+            "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"],
+            "linear_step_ms": linear, "skinny_max_rows": skinny_gemm.MAX_ROWS, "end_to_end": e2e}
 
 
 def report(res: dict[str, Any]) -> str:
@@ -146,13 +181,16 @@ def report(res: dict[str, Any]) -> str:
     s, e = res["attention_step_ms"], res["end_to_end"]
     lines = [f"attention of one decode step, {res['batch']} sequences, all layers: reference {s['torch']:.2f} ms, "
              f"C kernel {s['c']:.2f} ms ({res['attention_speedup']:.1f}x)",
+             "linear layers of one step, weights from memory (rows: torch / skinny kernel): " +
+             ", ".join(f"{r}: {t['torch']:.2f} / {t['skinny']:.2f} ms" for r, t in res["linear_step_ms"].items()) +
+             f" (the engine uses the kernel up to {res['skinny_max_rows']} rows)",
              f"paged engine, {e['requests']} long-tailed requests ({e['useful_tokens']} tokens), alternated:"]
-    what = {"torch": "all torch", "c": "C attention", "fused": "C attention + fused ops"}
+    what = {"torch": "all torch", "c": "C attention", "fused": "C attention + fused ops + skinny GEMMs"}
     for name in ENGINE_IMPLS:
         lines.append(f"  {what[name]:24} " + ", ".join(f"{t:.0f}" for t in e["tokens_per_s"][name]) + " tokens/s")
     lines.append("  C attention / all torch per run: " + ", ".join(f"{x:.2f}x" for x in e["speedup_per_pair"]) +
                  f"; identical tokens on {e['requests_with_identical_tokens']} of {e['requests']} requests")
-    lines.append("  + fused ops / all torch per run: " + ", ".join(f"{x:.2f}x" for x in e["fused_speedup_per_pair"]) +
+    lines.append("  + fused ops and skinny GEMMs / all torch per run: " + ", ".join(f"{x:.2f}x" for x in e["fused_speedup_per_pair"]) +
                  f"; identical tokens on {e['fused_requests_with_identical_tokens']} of {e['requests']} requests")
     return "\n".join(lines)
 

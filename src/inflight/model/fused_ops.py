@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from inflight.model import c_build
 from inflight.model.attention import write_kv
 
-__all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "split_and_rotate", "load", "build_error", "reference_only",
-           "rms_norm_reference", "silu_and_mul_reference", "rotary_and_cache_reference"]
+__all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "split_and_rotate", "load", "build_error",
+           "reference_only", "runs_in_c", "rms_norm_reference", "silu_and_mul_reference", "rotary_and_cache_reference"]
 
 SOURCE = Path(__file__).with_name("csrc") / "layer_ops.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]
@@ -60,8 +60,8 @@ def build_error() -> str | None:
 
 @contextmanager
 def reference_only():
-    """Inside this block every operator here runs its torch reference (how the side-by-side
-    benchmark, `python -m inflight.bench.cpu_kernel`, measures what the fusion is worth)."""
+    """Inside this block every operator here, and `skinny_gemm.linear`, runs its torch reference (how
+    the side-by-side benchmark, `python -m inflight.bench.cpu_kernel`, measures what they are worth)."""
     _state["off"] = _state.get("off", 0) + 1
     try:
         yield
@@ -69,8 +69,9 @@ def reference_only():
         _state["off"] -= 1
 
 
-def _fusable(*tensors: torch.Tensor) -> bool:
-    """Whether the C pass may take these: contiguous float32 CPU tensors that want no gradient."""
+def runs_in_c(*tensors: torch.Tensor) -> bool:
+    """Whether a C pass may take these tensors: contiguous float32 CPU tensors that want no gradient,
+    outside `reference_only()` (also asked by `skinny_gemm`, which has its own library)."""
     if _state.get("off"):
         return False
     grad = torch.is_grad_enabled()
@@ -78,7 +79,12 @@ def _fusable(*tensors: torch.Tensor) -> bool:
         if t.dtype is not torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or \
                 (grad and t.requires_grad):
             return False
-    return load() is not None
+    return True
+
+
+def _fusable(*tensors: torch.Tensor) -> bool:
+    """Whether the C pass here may take these: see `runs_in_c`, and the library must have built."""
+    return runs_in_c(*tensors) and load() is not None
 
 
 # --- the torch references (the definition; the C must agree with these) ----------------------------

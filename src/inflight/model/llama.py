@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from inflight.model import fused_ops
+from inflight.model import fused_ops, skinny_gemm
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
@@ -134,6 +134,11 @@ def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
 
 
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) on the serving path: a step with a few rows takes the skinny-GEMM kernel (`skinny_gemm`)."""
+    return skinny_gemm.linear(x, layer.weight, layer.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, layer_idx: int):
         super().__init__()
@@ -151,9 +156,10 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: KVCache, backend: AttentionBackend):
         """x `[T, hidden]` of a ragged batch: write this step's K/V to the cache, attend over the cache."""
         kc, vc = kv_cache.k_cache[self.layer_idx], kv_cache.v_cache[self.layer_idx]
-        q = fused_ops.rotary_and_cache(self.qkv_proj(x), cos, sin, kc, vc, meta.slot_mapping, self.n_heads, self.n_kv)
+        q = fused_ops.rotary_and_cache(_linear(self.qkv_proj, x), cos, sin, kc, vc, meta.slot_mapping, self.n_heads,
+                                       self.n_kv)
         out = backend(q, kc, vc, meta, self.scale)
-        return self.o_proj(out.flatten(-2))
+        return _linear(self.o_proj, out.flatten(-2))
 
     def forward_dense(self, x, cos, sin):
         """x `[B, L, hidden]`, causal, no cache: the training path."""
@@ -171,7 +177,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))  # SwiGLU
+        return _linear(self.down_proj, fused_ops.silu_and_mul(_linear(self.gate_up_proj, x)))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
@@ -258,7 +264,7 @@ class LlamaModel(nn.Module):
         if logits_indices is not None:  # the LM head only where a token will be sampled
             x, residual = x[logits_indices], residual[logits_indices]
         x, _ = self.norm(x, residual)
-        return self.lm_head(x).float()
+        return _linear(self.lm_head, x).float()
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """`input_ids [B, L]` -> logits `[B, L, vocab]`, causal, no KV cache (training / scoring)."""

@@ -1,0 +1,84 @@
+"""Linear layers for a decode step's few rows: one per running sequence.
+
+A matrix multiply with up to a few dozen rows is bound by reading the weights, and in a serving step
+they come from memory: the step's attention has just streamed the KV cache through the CPU's caches.
+The BLAS torch calls is built for large products; at this shape the C kernel in `csrc/skinny_gemm.c`,
+which reads each weight once and keeps the sums in registers, is faster. vLLM has the same idea for
+its GPUs ("skinny GEMMs" for small batches).
+
+Every output of the kernel is one fixed sum, whatever else is in the batch. More than `MAX_ROWS`
+rows stay with torch, whose blocked GEMM is the faster there. Anything else — another dtype or device, a gradient, no
+compiler, `INFLIGHT_CPU_KERNEL=0`, `fused_ops.reference_only()` — runs `torch.nn.functional.linear`.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from inflight.model import c_build, fused_ops
+
+__all__ = ["linear", "kernel_linear", "load", "build_error", "MAX_ROWS"]
+
+SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
+SYMBOLS = ("inflight_skinny_gemm_f32",)
+PROFILER_NAME = "inflight::skinny_gemm_c"
+#: the most rows the kernel takes. `python -m inflight.bench.cpu_kernel` times all of the tiny
+#: model's linear layers for one step, the weights out of cache as in a serving step; on the book's
+#: 2-core CPU against MKL: 1.3x faster at 1 row, 2.4-2.6x at 2-5, 1.8x at 16, 1.6x at 32, 1.2x at
+#: 48-64, even at 96, slower at 128.
+MAX_ROWS = 64
+_state: dict = {}
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.inflight_skinny_gemm_f32.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
+    lib.inflight_skinny_gemm_f32.restype = None
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use, cached per machine by `c_build`), or None."""
+    if "lib" not in _state:
+        _state["lib"], _state["error"] = c_build.build_kernel(SOURCE, FLAGS, SYMBOLS, _declare)
+    return _state["lib"]
+
+
+def build_error() -> str | None:
+    """Why `load()` returned None (None if it hasn't been tried or it worked)."""
+    return _state.get("error")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for x `[M, K]` and weight `[N, K]`, through the C kernel when
+    1 <= M <= MAX_ROWS and it can run here."""
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or weight.dim() != 2 or \
+            x.shape[1] != weight.shape[1] or (bias is not None and bias.shape != (weight.shape[0],)):
+        return F.linear(x, weight, bias)
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if not fused_ops.runs_in_c(*tensors) or load() is None:
+        return F.linear(x, weight, bias)
+    return kernel_linear(x, weight, bias)
+
+
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The C kernel itself, at any number of rows (`bench.cpu_kernel` measures where it stops paying):
+    contiguous float32 CPU tensors x `[M, K]`, weight `[N, K]`, bias `[N]` or None."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"the skinny-GEMM kernel is unavailable: {build_error()}")
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or \
+            (bias is not None and bias.shape != (weight.shape[0],)) or \
+            any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+        raise ValueError(f"the kernel takes contiguous float32 CPU tensors x [M, K], weight [N, K], bias [N]; got "
+                         f"{tuple(x.shape)}, {tuple(weight.shape)}, {None if bias is None else tuple(bias.shape)}")
+    (M, K), N = x.shape, weight.shape[0]
+    out = x.new_empty(M, N)
+    args = (x.data_ptr(), M, K, weight.data_ptr(), N, None if bias is None else bias.data_ptr(), out.data_ptr(),
+            torch.get_num_threads())
+    c_build.profiled_call(PROFILER_NAME, lib.inflight_skinny_gemm_f32, *args)
+    return out
