@@ -109,9 +109,11 @@ class PeakMemory:
     """Peak memory used while the block runs, above what was in use when it started.
 
     CUDA: `torch.cuda.max_memory_allocated` (exact). CPU: resident memory sampled every
-    `interval` seconds by a thread (so a spike shorter than that can be missed)."""
+    `interval` seconds by a thread (so a spike shorter than that can be missed). Each sample wakes
+    the thread and takes the GIL from the run being measured: every 5 ms that cost the paged engine
+    a few percent of its speed on two cores, every 20 ms it is lost in the noise."""
 
-    def __init__(self, device: torch.device | str = "cpu", interval: float = 0.005):
+    def __init__(self, device: torch.device | str = "cpu", interval: float = 0.02):
         self.device = torch.device(device)
         self.interval = interval
         self.peak_bytes = 0
