@@ -128,16 +128,32 @@ def test_the_governor_narrows_to_the_free_cores_for_a_step_and_puts_the_count_ba
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        g = _governor([0] * 3 + [2] * 10 + [0] * 10)  # quiet, two neighbours, quiet again
+        g = _governor([0] * 3 + [1] * 10 + [0] * 10)  # quiet, a neighbour on one of two cores, quiet again
         assert [g.adjust() for _ in range(3)] == [2, 2, 2] and g.narrowed_steps == 0
         counts = []
-        for _ in range(10):  # a neighbour per core: one thread, once the average has caught up
+        for _ in range(10):  # one thread on the free core, once the average has caught up
             counts.append(g.adjust())
             assert torch.get_num_threads() == counts[-1]
             g.restore()
             assert torch.get_num_threads() == 2  # the rest of the process never sees the change
         assert counts[0] == 2 and counts[-1] == 1 and g.narrowed_steps >= 5
-        assert [g.adjust() for _ in range(10)][-1] == 2  # and back to every core when they leave
+        assert [g.adjust() for _ in range(10)][-1] == 2  # and back to every core when it leaves
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("cores, neighbours, threads", [(2, 2, 2), (2, 5, 2), (4, 1, 3), (4, 2, 2), (4, 3, 4),
+                                                        (8, 4, 4), (8, 5, 8)])
+def test_with_most_cores_shared_every_thread_is_a_share(cores, neighbours, threads):
+    """n neighbours on c cores: the free cores while n <= c / 2, every thread beyond that."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        g = _governor([neighbours] * 20, cores=cores)
+        assert [g.adjust() for _ in range(20)][-1] == threads
+        g.restore()
     finally:
         torch.set_num_threads(before)
 

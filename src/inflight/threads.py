@@ -14,7 +14,8 @@ loaded yet — the chapters and `python -m inflight.bench` import inflight first
 `configure_threads()` then picks the number of threads for this process: every core when idle
 threads sleep, one thread when they would spin (torch was imported first, or you chose another
 policy), because one thread has no barrier to wait at. While an engine runs, its `ThreadGovernor`
-narrows that to the cores other programs leave free, and widens it again when they go.
+narrows that to the cores other programs leave free while most are free, and widens it again when
+they go (or when most cores are taken: then every thread is a share of the machine).
 `machine_load()` says whether other programs compete for the cores, so that a measurement taken on
 a busy machine can be flagged as such.
 """
@@ -312,17 +313,25 @@ def adaptive_threads_wanted() -> bool:
 class ThreadGovernor:
     """Fits torch's thread count, for each engine step, to the cores other programs leave free.
 
-    Sleeping idle threads stop the collapse, but a team of two on a machine where a neighbour holds
-    one of two cores still waits, at the end of every parallel region, for whichever member was
-    descheduled. One thread has no one to wait for. So before each step the governor reads how many
-    threads of *other* programs are runnable (`/proc/loadavg`, less this process's own: torch's
-    workers are still runnable for a moment after each parallel region), averages that over the last few
-    steps so that a passing blip changes nothing, and runs the step on `max(1, cores - others)`
-    threads, never more than were set before it; `restore()` puts the count back after the step, so
-    nothing else in the process sees the change. On a quiet machine that is every core, with a
-    neighbour per core one. The tokens don't change: each operator gives the same bits with any
-    thread count (the tests check it). Where `/proc/loadavg` doesn't exist, it does nothing;
-    `INFLIGHT_ADAPT_THREADS=0` turns it off.
+    Sleeping idle threads stop the collapse, but a team whose members run at different speeds still
+    waits, at the end of every parallel region, for the slowest. Before each step the governor reads
+    how many threads of *other* programs are runnable (`/proc/loadavg`, less this process's own:
+    torch's workers are still runnable for a moment after each parallel region) and averages that
+    over the last few steps, so that a passing blip changes nothing. Then, with n neighbours on c
+    cores:
+
+    - n <= c / 2: the step runs on the c - n free cores. A thread sharing a core with a neighbour
+      gets half of it, and the region waits for it: c threads would take 2/c of the work's time,
+      the free cores alone 1/(c - n), which is no more.
+    - n > c / 2: every thread (never more than were set). When most cores are shared, each of our
+      threads is slowed alike, so little is lost at the barriers, and each one is a share of the
+      machine: on 2 cores beside 2 busy programs, 2 threads get about a core, 1 thread two thirds
+      of one (`python -m inflight.bench.busy` measures it: the governed run and the `fixed` one).
+
+    `restore()` puts the count back after the step, so nothing else in the process sees the change.
+    The tokens don't change: each operator gives the same bits with any thread count (the tests
+    check it). Where `/proc/loadavg` doesn't exist, it does nothing; `INFLIGHT_ADAPT_THREADS=0`
+    turns it off.
     """
 
     def __init__(self, smoothing: float = 0.3, read_others=None):
@@ -345,7 +354,8 @@ class ThreadGovernor:
             return now
         self.others += self.smoothing * (others - self.others)
         # a neighbour counts once the average says so (0.75 of one): a single sample of one isn't enough
-        want = max(1, min(now, self.cores - int(self.others + 0.25)))
+        neighbours = int(self.others + 0.25)
+        want = now if 2 * neighbours > self.cores else max(1, min(now, self.cores - neighbours))
         if want != now:
             self._saved = now
             self._torch.set_num_threads(want)
