@@ -50,3 +50,19 @@ def test_time_floor_splits_the_wall_time_and_bounds_the_peers(model, monkeypatch
     assert b == {"hf_static": {"linear_only": pytest.approx(8.0), "linear_and_kv": pytest.approx(40 / 0.55 / 100)}}
     with pytest.raises(ValueError, match="per-step work"):
         fl.time_floor(model, {"wall_s": 1.0, "useful_tokens": 4}, 1e6, 1000)
+
+
+def test_the_linear_layers_are_timed_with_whichever_implementation_is_faster(monkeypatch):
+    """At a few rows both torch and the skinny-GEMM kernel are timed: the floor is the faster one."""
+    from inflight.bench import profiling
+    from inflight.model.loading import load_tiny
+
+    model = load_tiny()[0]
+    calls = []
+    real = profiling._best_time
+    monkeypatch.setattr(profiling, "_best_time", lambda fn, *a, **k: calls.append(fn) or real(fn, *a, **k))
+    few = profiling.measure_linear_layers(model, 4, repeats=1, min_seconds=0.0)
+    assert few > 0 and len(calls) == (2 if profiling.skinny_gemm.load() is not None else 1)
+    calls.clear()
+    many = profiling.measure_linear_layers(model, profiling.skinny_gemm.MAX_ROWS + 1, repeats=1, min_seconds=0.0)
+    assert many > 0 and len(calls) == 1  # past the kernel's rows: torch only

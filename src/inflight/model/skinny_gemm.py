@@ -28,8 +28,8 @@ SYMBOLS = ("inflight_skinny_gemm_f32",)
 PROFILER_NAME = "inflight::skinny_gemm_c"
 #: the most rows the kernel takes. `python -m inflight.bench.cpu_kernel` times all of the tiny
 #: model's linear layers for one step, the weights out of cache as in a serving step; on the book's
-#: 2-core CPU against MKL: 1.3x faster at 1 row, 2.4-2.6x at 2-5, 1.8x at 16, 1.6x at 32, 1.2x at
-#: 48-64, even at 96, slower at 128.
+#: 2-core CPU (`results/cpu_kernel_cpu.json`) against MKL: even at 1 row, 1.3-1.8x faster at 2-32
+#: rows, 1.1x at 48-64, slower from 96.
 MAX_ROWS = 64
 _state: dict = {}
 
