@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "build_kernel", "turned_off", "profiled_call"]
+__all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "build_kernel", "LazyLibrary", "turned_off",
+           "profiled_call"]
 
 _CHECK = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, name) for name in sys.argv[2:]]"
 
@@ -152,6 +153,28 @@ def build_kernel(source: Path, flags: Sequence[str], symbols: Sequence[str],
     if lib is not None:
         declare(lib)
     return lib, err
+
+
+class LazyLibrary:
+    """One C file of the package, built and loaded on the first `load()` in this process (through
+    `build_kernel`), then kept: `load()` gives the library or None, `build_error()` why not."""
+
+    def __init__(self, source: Path, flags: Sequence[str], symbols: Sequence[str],
+                 declare: Callable[[ctypes.CDLL], None]):
+        self.source, self.flags, self.symbols, self.declare = source, list(flags), tuple(symbols), declare
+        self.tried = False
+        self.lib: ctypes.CDLL | None = None
+        self.error: str | None = None
+
+    def load(self) -> ctypes.CDLL | None:
+        if not self.tried:
+            self.lib, self.error = build_kernel(self.source, self.flags, self.symbols, self.declare)
+            self.tried = True
+        return self.lib
+
+    def build_error(self) -> str | None:
+        """Why `load()` returned None (None if it hasn't been tried or it worked)."""
+        return self.error
 
 
 def profiled_call(name: str, fn, *args):

@@ -31,7 +31,6 @@ PROFILER_NAME = "inflight::skinny_gemm_c"
 #: 2-core CPU (`results/cpu_kernel_cpu.json`) against MKL: even at 1 row, 1.3-1.8x faster at 2-32
 #: rows, 1.1x at 48-64, slower from 96.
 MAX_ROWS = 64
-_state: dict = {}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -40,16 +39,17 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.inflight_skinny_gemm_f32.restype = None
 
 
+_library = c_build.LazyLibrary(SOURCE, FLAGS, SYMBOLS, _declare)
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use, cached per machine by `c_build`), or None."""
-    if "lib" not in _state:
-        _state["lib"], _state["error"] = c_build.build_kernel(SOURCE, FLAGS, SYMBOLS, _declare)
-    return _state["lib"]
+    return _library.load()
 
 
 def build_error() -> str | None:
     """Why `load()` returned None (None if it hasn't been tried or it worked)."""
-    return _state.get("error")
+    return _library.build_error()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
