@@ -114,3 +114,13 @@ def test_the_engine_gives_the_same_tokens_with_and_without_the_kernel():
     assert "inflight::skinny_gemm_c" in {e.key for e in prof.key_averages()}
     with fused_ops.reference_only():
         assert run() == with_kernel
+
+
+@needs_c
+def test_the_kernel_called_directly_refuses_what_it_cannot_take():
+    with pytest.raises(ValueError, match="contiguous float32"):
+        skinny_gemm.kernel_linear(torch.randn(4, 16).double(), torch.randn(8, 16).double())
+    with pytest.raises(ValueError, match="contiguous float32"):
+        skinny_gemm.kernel_linear(torch.randn(16, 4).t(), torch.randn(8, 16))
+    x, w = torch.randn(100, 16), torch.randn(8, 16)  # more rows than the engine gives it: still right
+    assert _close(skinny_gemm.kernel_linear(x, w), F.linear(x, w), 16)

@@ -61,7 +61,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if not fused_ops.runs_in_c(*tensors) or load() is None:
         return F.linear(x, weight, bias)
-    return kernel_linear(x, weight, bias)
+    return _run(load(), x, weight, bias)
 
 
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,6 +76,11 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         raise ValueError(f"the kernel takes contiguous float32 CPU tensors x [M, K], weight [N, K], bias [N]; got "
                          f"{tuple(x.shape)}, {tuple(weight.shape)}, {None if bias is None else tuple(bias.shape)}")
+    return _run(lib, x, weight, bias)
+
+
+def _run(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The call itself, on tensors already checked (by `linear` on the serving path, once)."""
     (M, K), N = x.shape, weight.shape[0]
     out = x.new_empty(M, N)
     args = (x.data_ptr(), M, K, weight.data_ptr(), N, None if bias is None else bias.data_ptr(), out.data_ptr(),
