@@ -110,7 +110,7 @@ def test_the_c_backend_asked_for_by_name():
 @pytest.fixture
 def fresh_build(monkeypatch, tmp_path):
     """A clean slate: no kernel loaded in this process, an empty cache folder."""
-    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpu_attention, "_library", cpu_attention._library.fresh())
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
     return tmp_path
 
@@ -134,12 +134,12 @@ def test_without_a_kernel_auto_falls_back_to_the_reference(fresh_build, monkeypa
 
 
 @needs_kernel
-def test_the_kernel_is_built_once_into_the_cache_folder(fresh_build):
+def test_the_kernel_is_built_once_into_the_cache_folder(fresh_build, monkeypatch):
     assert cpu_attention.load() is not None and cpu_attention.build_error() is None
     assert cpu_attention.uses_openmp() in (True, False)
     built = list(fresh_build.glob("paged_decode-*.so"))
     assert len(built) == 1
-    cpu_attention._state.clear()
+    monkeypatch.setattr(cpu_attention, "_library", cpu_attention._library.fresh())  # a new process, say
     mtime = built[0].stat().st_mtime_ns
     assert cpu_attention.load() is not None and built[0].stat().st_mtime_ns == mtime  # reused, not rebuilt
 

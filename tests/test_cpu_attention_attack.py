@@ -120,7 +120,7 @@ def test_a_library_without_the_kernel_in_the_cache_falls_back(tmp_path, monkeypa
     foreign.write_text("int something_else(void) { return 1; }\n")
     target = tmp_path / _cache_name("cc", cpu_attention.FLAGS + ["-fopenmp"])
     subprocess.run(["cc", "-shared", "-fPIC", str(foreign), "-o", str(target)], check=True)
-    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpu_attention, "_library", cpu_attention._library.fresh())
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
     lib = cpu_attention.load()  # must not raise: a working library, or None with a reason

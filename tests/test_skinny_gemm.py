@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inflight.model import c_build, fused_ops, skinny_gemm
+from inflight.model import fused_ops, skinny_gemm
 
 needs_c = pytest.mark.skipif(skinny_gemm.load() is None, reason=f"no C compiler here: {skinny_gemm.build_error()}")
 
@@ -87,8 +87,7 @@ def test_shapes_that_do_not_fit_are_torchs_error_not_a_crash():
 
 def test_turned_off_it_runs_torch(monkeypatch):
     monkeypatch.setenv("INFLIGHT_CPU_KERNEL", "0")
-    monkeypatch.setattr(skinny_gemm, "_library", c_build.LazyLibrary(skinny_gemm.SOURCE, skinny_gemm.FLAGS,
-                                                                        skinny_gemm.SYMBOLS, skinny_gemm._declare))
+    monkeypatch.setattr(skinny_gemm, "_library", skinny_gemm._library.fresh())
     assert skinny_gemm.load() is None and "INFLIGHT_CPU_KERNEL=0" in skinny_gemm.build_error()
     x, w = torch.randn(4, 16), torch.randn(8, 16)
     assert torch.equal(skinny_gemm.linear(x, w), F.linear(x, w))

@@ -176,6 +176,10 @@ class LazyLibrary:
         """Why `load()` returned None (None if it hasn't been tried or it worked)."""
         return self.error
 
+    def fresh(self) -> "LazyLibrary":
+        """The same file, not yet loaded: the next `load()` looks again (tests swap it in)."""
+        return LazyLibrary(self.source, self.flags, self.symbols, self.declare)
+
 
 def profiled_call(name: str, fn, *args):
     """fn(*args) — a compiled function — inside a torch.profiler range called `name` when a profiler

@@ -28,7 +28,6 @@ FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
 SYMBOLS = ("inflight_paged_decode_f32", "inflight_paged_decode_openmp")
 PROFILER_NAME = "inflight::paged_attention_c"  # how the kernel's calls appear in a torch.profiler table
 INT32_MAX = 2**31 - 1
-_state: dict = {}  # "lib": the loaded library or None, "error": why not
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -39,11 +38,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.inflight_paged_decode_openmp.restype = i32
 
 
+_library = c_build.LazyLibrary(SOURCE, FLAGS, SYMBOLS, _declare)
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built on the first call in this process), or None where it can't be."""
-    if "lib" not in _state:
-        _state["lib"], _state["error"] = c_build.build_kernel(SOURCE, FLAGS, SYMBOLS, _declare)
-    return _state["lib"]
+    return _library.load()
 
 
 def uses_openmp() -> bool | None:
@@ -55,7 +55,7 @@ def uses_openmp() -> bool | None:
 
 def build_error() -> str | None:
     """Why `load()` returned None (None if it hasn't been tried or it worked)."""
-    return _state.get("error")
+    return _library.build_error()
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None = None) -> bool:

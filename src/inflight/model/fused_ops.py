@@ -33,7 +33,7 @@ __all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "spli
 SOURCE = Path(__file__).with_name("csrc") / "layer_ops.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]
 SYMBOLS = ("inflight_rms_norm_f32", "inflight_silu_and_mul_f32", "inflight_rotary_and_cache_f32")
-_state: dict = {}
+_state: dict = {}  # "off": how many `reference_only()` blocks are open
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -46,16 +46,17 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.inflight_rotary_and_cache_f32.restype = ctypes.c_int
 
 
+_library = c_build.LazyLibrary(SOURCE, FLAGS, SYMBOLS, _declare)
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled operators (built on first use, cached per machine by `c_build`), or None."""
-    if "lib" not in _state:
-        _state["lib"], _state["error"] = c_build.build_kernel(SOURCE, FLAGS, SYMBOLS, _declare)
-    return _state["lib"]
+    return _library.load()
 
 
 def build_error() -> str | None:
     """Why `load()` returned None (None if it hasn't been tried or it worked)."""
-    return _state.get("error")
+    return _library.build_error()
 
 
 @contextmanager
@@ -149,7 +150,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     out = torch.empty_like(x)
     args = (x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
             x.numel() // max(1, x.shape[-1]), x.shape[-1], eps, out.data_ptr())
-    _call("rms_norm", _state["lib"].inflight_rms_norm_f32, *args)
+    _call("rms_norm", _library.lib.inflight_rms_norm_f32, *args)
     return out if residual is None else (out, residual)
 
 
@@ -160,7 +161,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     inter = x.shape[-1] // 2
     out = x.new_empty(*x.shape[:-1], inter)
     args = (x.data_ptr(), x.numel() // max(1, x.shape[-1]), inter, out.data_ptr())
-    _call("silu_and_mul", _state["lib"].inflight_silu_and_mul_f32, *args)
+    _call("silu_and_mul", _library.lib.inflight_silu_and_mul_f32, *args)
     return out
 
 
@@ -179,7 +180,7 @@ def rotary_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     slots = k_cache.shape[0] * k_cache.shape[1]
     args = (qkv.data_ptr(), T, num_heads, num_kv_heads, D, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
             v_cache.data_ptr(), slots, slot_mapping.data_ptr())
-    rc = _call("rotary_and_cache", _state["lib"].inflight_rotary_and_cache_f32, *args)
+    rc = _call("rotary_and_cache", _library.lib.inflight_rotary_and_cache_f32, *args)
     if rc != 0:  # checked before anything was written
         raise IndexError(f"token {-1 - rc}: slot {int(slot_mapping[-1 - rc])} is outside the cache ({slots} slots)")
     return qkv[:, :num_heads * D].unflatten(-1, (num_heads, D))

@@ -59,9 +59,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             x.shape[1] != weight.shape[1] or (bias is not None and bias.shape != (weight.shape[0],)):
         return F.linear(x, weight, bias)
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if not fused_ops.runs_in_c(*tensors) or load() is None:
-        return F.linear(x, weight, bias)
-    return _run(load(), x, weight, bias)
+    lib = load() if fused_ops.runs_in_c(*tensors) else None
+    return F.linear(x, weight, bias) if lib is None else _run(lib, x, weight, bias)
 
 
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
