@@ -175,8 +175,8 @@ def _victim_cases() -> list[Case]:
 
 VICTIM_MISTAKES = [
     Mistake("earliest instead of latest arrival", "among the lowest-priority requests, preempt the LATEST arrival: "
-            "it has done the least work (least to recompute) and has waited least. The earliest has the most to "
-            "lose and would be pushed back twice.",
+            "first come, first served — the earliest arrivals run first, so no request is sent back while a later "
+            "one of its priority keeps running.",
             lambda r: max(enumerate(r), key=lambda ix: (ix[1][1], -ix[1][2], ix[0]))[1][0]),
     Mistake("highest instead of lowest priority", "a LOWER priority value means MORE important (vLLM's "
             "convention); the victim has the LARGEST value.",
@@ -193,8 +193,8 @@ VICTIM_MISTAKES = [
     Mistake("the last one admitted", "the running list is in admission order, and preempted requests come back "
             "later: the last in the list is not necessarily the lowest priority or the latest arrival.",
             lambda r: r[-1][0]),
-    Mistake("the oldest request", "preempting the request that arrived FIRST throws away the most work and "
-            "ignores priority: the victim is the lowest priority, latest arrival.",
+    Mistake("the oldest request", "preempting the request that arrived FIRST sends back the one that has waited "
+            "longest, and ignores priority: the victim is the lowest priority, latest arrival.",
             lambda r: min(enumerate(r), key=lambda ix: (ix[1][2], ix[0]))[1][0]),
 ]
 
