@@ -34,9 +34,16 @@ def _rect(x: float, slot: int, width: float) -> list[tuple[float, float]]:
     return [(x, slot - 0.4), (x + width, slot - 0.4), (x + width, slot + 0.4), (x, slot + 0.4)]
 
 
+REQUEST_COLORS = [_CMAP(i) for i in range(20)]
+
+
+def color_indices(result: SimResult) -> dict[Any, int]:
+    """Each request's colour, as an index into REQUEST_COLORS (neighbours get distinct colours)."""
+    return {rid: (i * 7) % 20 for i, rid in enumerate(result.requests)}
+
+
 def _colors(result: SimResult) -> dict[Any, Any]:
-    order = {rid: i for i, rid in enumerate(result.requests)}
-    return {rid: _CMAP((i * 7) % 20) for rid, i in order.items()}  # neighbours get distinct colours
+    return {rid: REQUEST_COLORS[i] for rid, i in color_indices(result).items()}
 
 
 def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels: bool | None = None,
