@@ -177,3 +177,19 @@ def test_sliders_and_play_in_a_browser(tmp_path):
         browser.close()
     server.shutdown()
     assert not errors, errors
+
+
+def test_replay_frames_move_only_the_curtain():
+    from inflight.book.explore_batching import replay_site
+    from inflight.sim.schedulers import ContinuousBatchScheduler, StaticBatchScheduler
+    from inflight.sim.simulate import simulate
+    from inflight.sim.workloads import long_tailed
+
+    w = long_tailed(30, seed=0, mean=10, max_len=60)
+    runs = {"static": simulate(StaticBatchScheduler(4), w), "continuous": simulate(ContinuousBatchScheduler(4), w)}
+    ex = replay_site(runs, frames=10)
+    assert ex.knobs[0].play and ex.views == len(ex.knobs[0].values) <= 10
+    assert all(not trace for f in ex.figure["frames"] for trace in f["data"])  # the Gantt charts are drawn once
+    last = ex.figure["frames"][-1]["layout"]
+    assert [s["x0"] for s in last["shapes"]] == [runs["static"].steps] * 2  # the curtain has gone past the end
+    assert all(a["text"].endswith("✓") for a in last["annotations"] if "requests done" in a["text"])

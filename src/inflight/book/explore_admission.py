@@ -68,7 +68,7 @@ def admission_figure(workload: Sequence[Request], big_cost: float, policies: dic
                      budget: float) -> Any:
     """The live explorer's picture (matplotlib), for one budget."""
     runs = run_policies(workload, policies, slots, budget)
-    window = max(r.arrival for r in workload) + 1
+    window = max(r.arrival for r in workload)  # as the chapter: while requests keep arriving
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.2), sharex=True)
     fig.subplots_adjust(left=0.09, right=0.98, top=0.87, bottom=0.1, hspace=0.12)  # tight_layout costs a draw
     for color, (name, r) in zip(TAB10, runs.items()):
@@ -95,7 +95,7 @@ def admission_live(workload: Sequence[Request], big_cost: float, policies: dict[
 
 def _view(workload: Sequence[Request], big_cost: float, policies: dict[str, Any], slots: int, budget: float) -> View:
     runs = run_policies(workload, policies, slots, budget)
-    window = max(r.arrival for r in workload) + 1
+    window = max(r.arrival for r in workload)  # as the chapter: while requests keep arriving
     data, end = [], max(r.steps for r in runs.values())
     for color, (name, r) in zip(TAB10, runs.items()):
         c = curves(r, big_cost, POINTS)

@@ -5,7 +5,8 @@ Each comes in two forms over the same simulation (`inflight.sim.simulate` runnin
 schedulers, or the chapter's): live sliders that simulate and draw at every move
 (`static_live`, `batching_explorer`), and the site's figure of a small precomputed grid
 (`static_site`, `batching_site`). The workload is `with_spread(48 requests, mean 20 tokens)`, all
-present at step 0, so the two knobs are the only things that change."""
+present at step 0, so the two knobs are the only things that change. `replay_site` plays schedules
+step by step on a shared clock (chapter 3's first picture)."""
 from __future__ import annotations
 
 from typing import Any
@@ -122,3 +123,38 @@ def batching_site(static: Any = StaticBatchScheduler, continuous: Any = Continuo
     layout["xaxis2"]["title"] = {"text": "step"}
     knobs = knobs or site_knobs((2, 4, 8, 16, 32), (0.0, 0.5, 1.0, 2.0))
     return explorer(knobs, view, layout, height=470)
+
+
+def replay_site(runs: dict[str, SimResult], frames: int = 36) -> Explorer:
+    """Schedules side by side on a shared clock, revealed step by step: a play button (and a slider)
+    over time. Every view holds the same Gantt charts, drawn once; a white curtain hides the steps
+    still to come, so each frame carries only where the curtain stands."""
+    rs = list(runs.values())
+    end = max(r.steps for r in rs)
+    ticks = tuple(sorted({max(1, round(i * end / frames)) for i in range(1, frames + 1)}))
+    traces = [t for k, r in enumerate(rs)
+              for t in gantt_traces(r, (f"x{k + 1 if k else ''}", f"y{k + 1 if k else ''}"), legend=k == 0)]
+
+    def view(step: int) -> View:
+        shapes, notes = [], []
+        for k, r in enumerate(rs):
+            n = str(k + 1) if k else ""
+            shapes.append({"type": "rect", "layer": "above", "xref": f"x{n}", "yref": f"y{n} domain", "x0": step,
+                           "x1": end + 1, "y0": -0.02, "y1": 1.02, "fillcolor": "white", "line": {"width": 0}})
+            done = sum(1 for s in r.requests.values() if s.finish_step is not None and s.finish_step < step)
+            notes.append({"text": f"step {min(step, r.steps)}: {done}/{len(r.requests)} requests done"
+                                  + (" ✓" if step >= r.steps else ""),
+                          "xref": f"x{n} domain", "yref": f"y{n} domain", "x": 1, "y": 1, "xanchor": "right",
+                          "yanchor": "bottom", "yshift": 4, "showarrow": False, "font": {"size": 13}})
+        return View(traces, {"shapes": shapes, "annotations": notes})
+
+    layout = panels(len(rs), 1, titles=tuple(runs), share_x=True, vspace=0.22)
+    layout["barmode"] = "overlay"
+    # no title: the legend takes the top line, the steps' counters sit on each panel's right
+    layout["legend"] = {"x": 0.0, "xanchor": "left", "y": 0.99, "yanchor": "top", "yref": "container"}
+    for k, r in enumerate(rs):
+        layout[f"yaxis{k + 1 if k else ''}"].update(gantt_axis(r.num_slots))
+    layout["xaxis"]["range"] = [0, end]
+    layout[f"xaxis{len(rs)}"]["title"] = {"text": "step"}
+    knob = Knob("step", "step", ticks, play=True)
+    return explorer([knob], view, layout, height=140 + 150 * len(rs), play_ms=150)

@@ -161,7 +161,7 @@ def _controls(knobs: Sequence[Knob], plot_px: float) -> tuple[list, list]:
         sliders.append({
             "active": knob.start_index, "x": x0, "len": width - (x0 - col * width) - 0.03, "y": y,
             "xanchor": "left", "yanchor": "top", "pad": {"t": 6, "b": 0},
-            "currentvalue": {"prefix": f"{knob.label}: ", "font": {"size": 13}},
+            "currentvalue": {"prefix": f"{knob.label}: ", "font": {"size": 13, "color": "#222"}},
             "font": {"size": 11, "color": "rgba(0,0,0,0)" if many else "#444"},
             "steps": [{"label": knob.fmt.format(v), "method": "skip", "args": [None]} for v in knob.values]})
         if knob.play:
@@ -276,8 +276,8 @@ def explorer(knobs: Sequence[Knob], draw: Callable[..., View], layout: dict | No
     # the title on the top line, the legend under it on the right (panel titles sit on its left)
     base = _style(_merge({"height": height + bottom, "margin": {"l": 70, "r": 20, "t": 84, "b": bottom},
                           "font": FONT, "colorway": TAB10, "paper_bgcolor": "white", "plot_bgcolor": "white",
-                          "title": {"x": 0.0, "xanchor": "left", "xref": "paper", "y": 1.0, "yref": "container",
-                                    "yanchor": "top", "pad": {"t": 10}, "font": {"size": 14}},
+                          "title": {"x": 0.0, "xanchor": "left", "xref": "paper", "y": 1 - 12 / (height + bottom),
+                                    "yref": "container", "yanchor": "top", "font": {"size": 14}},
                           "legend": {"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
                                      "font": {"size": 12}},
                           "hoverlabel": {"font": {"size": 12}}},
