@@ -193,3 +193,18 @@ def test_replay_frames_move_only_the_curtain():
     last = ex.figure["frames"][-1]["layout"]
     assert [s["x0"] for s in last["shapes"]] == [runs["static"].steps] * 2  # the curtain has gone past the end
     assert all(a["text"].endswith("✓") for a in last["annotations"] if "requests done" in a["text"])
+
+
+def test_fixed_annotations_and_shapes_stay_in_every_frame():
+    layout = panels(1, 1, titles=("the panel",))
+    layout["shapes"] = [{"type": "line", "x0": 0, "x1": 1, "y0": 0, "y1": 0}]
+
+    def draw(a):
+        return View([{"type": "scatter", "y": [a]}], {"shapes": [{"type": "line", "x0": a, "x1": a, "y0": 0, "y1": 1}],
+                                                       "annotations": [{"text": f"a={a}"}]})
+
+    ex = explorer([Knob("a", "a", (1, 2))], draw, layout)
+    for frame in ex.figure["frames"]:  # a frame's arrays replace the figure's: the fixed ones come along
+        assert frame["layout"]["shapes"][0] == layout["shapes"][0] and len(frame["layout"]["shapes"]) == 2
+        assert [a["text"] for a in frame["layout"]["annotations"]][0] == "the panel"
+    assert len(ex.figure["layout"]["shapes"]) == 2 and len(ex.figure["layout"]["annotations"]) == 2

@@ -13,7 +13,8 @@ plotly figure with a slider per knob (and, for a knob that is time, a play butto
 `draw` is called once per point of the grid (here 5 × 3 = 15 views); every view must have the
 same traces in the same order (plotly moves from view to view trace by trace). Whatever a view
 sets in the layout, every view should set, or a value stays from the view shown before. Panel
-titles are annotations: a view's own annotations are drawn after them, never instead.
+titles are annotations: a view's own annotations (and shapes) are drawn beside the layout's,
+never instead.
 
 Where the JavaScript comes from (never from inside each figure):
 - on the book's site, the page itself loads plotly.js and `explorer.js` from the site's `_static`
@@ -293,8 +294,8 @@ def explorer(knobs: Sequence[Knob], draw: Callable[..., View], layout: dict | No
         if ntraces is not None and len(data) != ntraces:
             raise ValueError(f"every view must have the same traces: {values} has {len(data)}, the first had {ntraces}")
         ntraces = len(data)
-        # a frame's annotations replace the figure's: the panel titles go with every frame
-        frame_layout = _merge({"annotations": base.get("annotations", [])}, view_layout)
+        # a frame's annotations and shapes replace the figure's: the fixed ones go with every frame
+        frame_layout = _merge({key: base.get(key, []) for key in ("annotations", "shapes")}, view_layout)
         frames.append({"name": ",".join(map(str, index)), "data": data, "layout": frame_layout})
         if index == start:
             first = copy.deepcopy((data, view_layout))  # the frames are trimmed below, the first view is not
