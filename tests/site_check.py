@@ -209,6 +209,8 @@ def check_page(browser, base: str, site: Path, page_path: Path, shots: Path, rep
             page.locator(".inflight-explorer").nth(k).locator(".main-svg").first.wait_for(timeout=15000)
         except Exception:
             problems.append(f"{rel}: explorer {k + 1} was not drawn")
+    if page.locator(".inflight-explorer").count():
+        page.wait_for_timeout(500)  # and settle to the column's width
     broken = page.evaluate(
         "() => Array.from(document.images).filter(i => i.offsetParent !== null || i.closest('article'))"
         ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.currentSrc || i.src)")

@@ -51,6 +51,10 @@
     window.Plotly.newPlot(gd, fig.data, fig.layout, fig.config).then(function () {
       return window.Plotly.addFrames(gd, fig.frames);
     }).then(function () {
+      // follow the column's width (plotly's own "responsive" follows only the window's)
+      if (window.ResizeObserver) {
+        new ResizeObserver(function () { window.Plotly.Plots.resize(gd); }).observe(box);
+      }
       gd.on("plotly_sliderchange", function (e) {
         if (e.interaction) { stop(gd); show(gd); }  // a reader moved it (not our own relayout)
       });

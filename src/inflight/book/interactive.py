@@ -277,8 +277,8 @@ def explorer(knobs: Sequence[Knob], draw: Callable[..., View], layout: dict | No
     # the title on the top line, the legend under it on the right (panel titles sit on its left)
     base = _style(_merge({"height": height + bottom, "margin": {"l": 70, "r": 20, "t": 84, "b": bottom},
                           "font": FONT, "colorway": TAB10, "paper_bgcolor": "white", "plot_bgcolor": "white",
-                          "title": {"x": 0.0, "xanchor": "left", "xref": "paper", "y": 1 - 12 / (height + bottom),
-                                    "yref": "container", "yanchor": "top", "font": {"size": 14}},
+                          "title": {"x": 0.0, "xanchor": "left", "xref": "paper", "yref": "container",
+                                    "yanchor": "top", "font": {"size": 14}},
                           "legend": {"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
                                      "font": {"size": 12}},
                           "hoverlabel": {"font": {"size": 12}}},
@@ -302,6 +302,9 @@ def explorer(knobs: Sequence[Knob], draw: Callable[..., View], layout: dict | No
     for i in range(ntraces):
         _drop_constant([f["data"][i] for f in frames])
     _drop_constant([f["layout"] for f in frames])
+    # 12 px from the top; plotly lifts a title of several lines by 12 px more (measured, plotly.js 4)
+    titles = [f["layout"].get("title", {}).get("text", "") for f in frames] + [first[1].get("title", {}).get("text", "")]
+    base["title"].setdefault("y", 1 - (12 + 12 * any("<br>" in str(t) for t in titles)) / base["height"])
     sliders, menus = _controls(knobs, base["height"] - base["margin"]["t"] - base["margin"]["b"])
     figure = {"data": first[0], "layout": {**_merge(base, first[1]), "sliders": sliders, "updatemenus": menus},
               "frames": frames, "config": {"responsive": True, "displayModeBar": False}}
