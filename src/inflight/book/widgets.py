@@ -14,6 +14,7 @@ Colab-like runtime prove that each explorer builds and redraws.
 """
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -48,7 +49,7 @@ def live_explorer(show: Callable[..., Any], knobs: Sequence[Knob], *, play_ms: i
         start = time.perf_counter()
         try:
             show(**values)
-            plt.show()
+            _display_png(plt.gcf())
         except Exception as exc:
             log.append(Redraw(values, time.perf_counter() - start, exc))
             raise
@@ -69,10 +70,20 @@ def live_explorer(show: Callable[..., Any], knobs: Sequence[Knob], *, play_ms: i
     return explorer
 
 
+def _display_png(fig: Any) -> None:
+    """The figure as a PNG of its own size, drawn once (the inline backend's default, a tight
+    bounding box, draws it twice: a tenth of a second more for every move of a knob)."""
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    display(Image(buffer.getvalue()))
+
+
 def check_redraw(explorer: Any) -> str:
     """Move every knob one position and back (each move redraws); raise if any redraw failed.
 
-    Returns a line saying how many redraws ran and the slowest, against the ~0.3 s target."""
+    Returns a line with every redraw's seconds, against the ~0.3 s that feels live."""
     for slider in explorer.kwargs_widgets:
         before = slider.index
         slider.index = (before + 1) % len(slider.options)
@@ -80,6 +91,7 @@ def check_redraw(explorer: Any) -> str:
     failed = [r for r in explorer.redraws if r.error is not None]
     if failed:
         raise RuntimeError(f"the explorer failed to redraw at {failed[0].values}: {failed[0].error!r}") from failed[0].error
-    slowest = max(r.seconds for r in explorer.redraws)
-    return (f"{len(explorer.redraws)} redraws, the slowest {slowest:.2f} s"
-            f" ({'within' if slowest <= TARGET_S else 'over'} the {TARGET_S} s that feels live)")
+    moves = [r.seconds for r in explorer.redraws[1:]] or [explorer.redraws[0].seconds]
+    return (f"{len(explorer.redraws)} redraws ({', '.join(f'{r.seconds:.2f}' for r in explorer.redraws)} s, "
+            f"the first when it was built): a move took {min(moves):.2f}-{max(moves):.2f} s, "
+            f"{'within' if max(moves) <= TARGET_S else 'over'} the {TARGET_S} s that feels live")
