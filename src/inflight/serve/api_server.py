@@ -123,6 +123,9 @@ class OpenAIServing:
             ids = checks.prompt(req.prompt, llm.config.vocab_size, llm.tokenizer)
             default = llm.max_model_len - len(ids) if chat else protocol.DEFAULT_COMPLETION_TOKENS
             ids, params = llm.check_request(ids, req.params(max(default, 1)))
+            if len(ids) + params.max_tokens > llm.max_model_len:  # (the engine would cut it short; the API refuses, as vLLM's)
+                raise ValueError(f"max_tokens={params.max_tokens} and the prompt's {len(ids)} tokens exceed the model's "
+                                 f"context of {llm.max_model_len} tokens")
         except (ValueError, TypeError) as exc:
             raise RequestError(str(exc)) from None
         return req, ids, params
