@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--low-load-prompts", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--server-args", default="", help="more flags for both servers, e.g. '--stream-interval 4'")
     p.add_argument("--output", type=Path, default=None, help="save the results JSON here")
     p.add_argument("--quick", action="store_true", help="a smoke run: 8 short requests, one round")
     args = p.parse_args(argv)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_tiny()
     sat = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0)
     low = random_requests(args.low_load_prompts, args.input_len, 32 if not args.quick else 4, seed=1)
-    flags = ["--max-num-seqs", str(args.max_num_seqs)]
+    flags = ["--max-num-seqs", str(args.max_num_seqs), *args.server_args.split()]
     servers = {"thread": start_inflight(flags), "task": start_inflight(flags + ["--engine-loop", "task"])}
     rows = []
     try:

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "of inflight.threads)")
     p.add_argument("--engine-loop", choices=("thread", "task"), default="thread",
                    help="run the engine loop on its own thread (default) or as an asyncio task")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="send a request's tokens once it has this many new ones (or has ended); 1: every token")
     p.add_argument("--switch-interval-ms", type=float, default=1.0,
                    help="how long a Python thread may hold the GIL while another waits (Python's default is 5): "
                         "the event loop then waits less for the engine loop's thread to write a token out")
@@ -80,7 +82,10 @@ def run_server(args: argparse.Namespace) -> int:
     sys.setswitchinterval(args.switch_interval_ms / 1000)
     engine, name = build_engine(args)
     metrics = ServerMetrics(name)
-    aengine = AsyncEngine(engine, loop=args.engine_loop, observer=metrics, threads=threads)
+    if args.stream_interval < 1:
+        raise SystemExit(f"--stream-interval must be >= 1, got {args.stream_interval}")
+    aengine = AsyncEngine(engine, loop=args.engine_loop, observer=metrics, threads=threads,
+                          stream_interval=args.stream_interval)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

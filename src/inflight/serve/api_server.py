@@ -206,7 +206,7 @@ async def _stream(deltas: AsyncIterator, shape: _Shape, req: protocol.Generation
                 yield shape.chunk(delta.text if delta.text or not shape.chat else None, delta.finish_reason, running)
         if req.include_usage:
             yield shape.chunk(None, None, protocol.usage(shape.prompt_tokens, completion))
-    except EngineDeadError as exc:
+    except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
         yield protocol.sse(protocol.error_body(str(exc), "internal_server_error"))
     finally:
         await deltas.aclose()  # (cancelled or failed before the end: this aborts the request)
@@ -224,7 +224,7 @@ async def _collect(deltas: AsyncIterator, shape: _Shape) -> JSONResponse:
             if finish == "error":
                 return _error(RequestError(f"the request failed: {delta.error}", status=500,
                                            type="internal_server_error"))
-    except EngineDeadError as exc:
+    except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
         return _error(RequestError(str(exc), status=500, type="internal_server_error"))
     finally:
         await deltas.aclose()

@@ -70,9 +70,12 @@ class AsyncEngine:
 
     `observer` (optional, e.g. `ServerMetrics`) hears from the loop: `on_step(outputs, engine)` after
     every step and `on_abort(request_id)` for every abort; `threads` is torch's thread count for the
-    loop's thread (default: the calling thread's)."""
+    loop's thread (default: the calling thread's). `stream_interval` (vLLM's `--stream-interval`)
+    hands a request's tokens over once it has that many new ones (or has ended): fewer, bigger
+    chunks, less work per token on the HTTP side, lumpier streams."""
 
-    def __init__(self, engine: LLMEngine, *, loop: str = "thread", observer: Any = None, threads: int | None = None):
+    def __init__(self, engine: LLMEngine, *, loop: str = "thread", observer: Any = None, threads: int | None = None,
+                 stream_interval: int = 1):
         if loop not in LOOP_MODES:
             raise ValueError(f"loop must be one of {LOOP_MODES}, got {loop!r}")
         import torch
@@ -80,6 +83,7 @@ class AsyncEngine:
         self.engine = engine
         self.mode = loop
         self.observer = observer
+        self.stream_interval = stream_interval
         self.threads = torch.get_num_threads() if threads is None else threads
         self.snapshot = EngineSnapshot(num_blocks=engine.num_blocks)
         self.dead: BaseException | None = None      # why the loop stopped, once it has
@@ -234,11 +238,17 @@ class AsyncEngine:
             self._publish()
             return deltas, True
         outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
-        deltas += [(o.request_id, self._delta(o)) for o in outputs]
+        deltas += [(o.request_id, self._delta(o)) for o in outputs if self._due(o)]
         self._publish()
         if self.observer is not None:
             self.observer.on_step(outputs, self.engine)
         return deltas, False
+
+    def _due(self, out: RequestOutput) -> bool:
+        """Whether `out` goes to its client now: its first token at once, its end, else every
+        `stream_interval` tokens."""
+        sent = self._sent.get(out.request_id, (0, 0))[0]
+        return out.finished or sent == 0 or len(out.token_ids) - sent >= self.stream_interval
 
     def _delta(self, out: RequestOutput) -> StreamDelta:
         """What `out` adds to what its request has been sent so far."""
