@@ -70,7 +70,7 @@ class AsyncEngine:
 
     `observer` (optional, e.g. `ServerMetrics`) hears from the loop: `on_step(outputs, engine)` after
     every step and `on_abort(request_id)` for every abort; `threads` is torch's thread count for the
-    loop's thread (default: the calling thread's). `stream_interval` (vLLM's `--stream-interval`)
+    loop's thread (default: the calling thread's). `stream_interval` (SGLang's `--stream-interval`)
     hands a request's tokens over once it has that many new ones (or has ended): fewer, bigger
     chunks, less work per token on the HTTP side, lumpier streams."""
 
