@@ -122,10 +122,11 @@ class OpenAIServing:
                 req = protocol.completion_request(body, self.model_name)
             ids = checks.prompt(req.prompt, llm.config.vocab_size, llm.tokenizer)
             default = llm.max_model_len - len(ids) if chat else protocol.DEFAULT_COMPLETION_TOKENS
-            ids, params = llm.check_request(ids, req.params(max(default, 1)))
-            if len(ids) + params.max_tokens > llm.max_model_len:  # (the engine would cut it short; the API refuses, as vLLM's)
-                raise ValueError(f"max_tokens={params.max_tokens} and the prompt's {len(ids)} tokens exceed the model's "
+            want = req.sampling.get("max_tokens", default)
+            if type(want) is int and len(ids) + want > llm.max_model_len:  # (the engine would cut it short; vLLM refuses)
+                raise ValueError(f"max_tokens={want} and the prompt's {len(ids)} tokens exceed the model's "
                                  f"context of {llm.max_model_len} tokens")
+            ids, params = llm.check_request(ids, req.params(max(default, 1)))
         except (ValueError, TypeError) as exc:
             raise RequestError(str(exc)) from None
         return req, ids, params
