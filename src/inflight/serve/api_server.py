@@ -123,7 +123,9 @@ class OpenAIServing:
             ids = checks.prompt(req.prompt, llm.config.vocab_size, llm.tokenizer)
             default = llm.max_model_len - len(ids) if chat else protocol.DEFAULT_COMPLETION_TOKENS
             want = req.sampling.get("max_tokens", default)
-            if type(want) is int and len(ids) + want > llm.max_model_len:  # (the engine would cut it short; vLLM refuses)
+            # a prompt that fits but leaves no room for max_tokens is refused, as vLLM does (the engine would cut
+            # it short); a prompt too long by itself gets the engine's own message from check_request
+            if type(want) is int and len(ids) <= llm.max_model_len < len(ids) + want:
                 raise ValueError(f"max_tokens={want} and the prompt's {len(ids)} tokens exceed the model's "
                                  f"context of {llm.max_model_len} tokens")
             ids, params = llm.check_request(ids, req.params(max(default, 1)))
