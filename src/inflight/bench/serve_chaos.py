@@ -23,7 +23,7 @@ from pathlib import Path
 import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
 from inflight.bench.serve import SampleRequest, arrival_times, random_requests
 from inflight.bench.serve_client import send_request, stream_payload
-from inflight.bench.serve_process import start_inflight
+from inflight.bench.serve_process import run_record, save_result, start_inflight
 
 __all__ = ["main", "BAD_BODIES"]
 
@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.num_prompts, args.output_len = 40, 16
-    from inflight import describe_device
     from inflight.threads import LoadWatch
 
     reqs = random_requests(args.num_prompts, args.input_len, args.output_len, range_ratio=0.5, seed=args.seed)
@@ -109,13 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         code = srv.stop()
     refs = _references(reqs)
     report = _judge(results, reqs, refs, metrics, memory)
-    report.update({"command": "python -m inflight.bench.serve_chaos " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   "machine": describe_device(), "load": watch.as_dict(), "settings": vars(args) | {"output": str(args.output)},
-                   "server_exit_code": code})
+    report.update({**run_record("inflight.bench.serve_chaos", argv, watch),
+                   "settings": vars(args) | {"output": str(args.output)}, "server_exit_code": code})
     print(json.dumps({k: v for k, v in report.items() if k not in ("load", "memory_mib")}, indent=1))
-    if args.output:
-        args.output.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"saved {args.output}")
+    save_result(report, args.output)
     return 0 if report["passed"] else 1
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
 from inflight.bench.serve import random_requests, run_benchmark
-from inflight.bench.serve_process import save_tiny_as_hf, start_inflight, start_transformers
+from inflight.bench.serve_process import run_record, save_result, save_tiny_as_hf, start_inflight, start_transformers
 from inflight.bench.serve_stats import parse_goodput
 
 __all__ = ["main"]
@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         args.rates, args.duration, args.rounds, args.output_len = "2", 2.0, 1, 8
     rates = [float(r) for r in args.rates.split(",")]
     goodput = parse_goodput(args.goodput)
-    from inflight import describe_device
     from inflight.threads import LoadWatch
 
     folder = save_tiny_as_hf(Path(tempfile.mkdtemp(prefix="inflight-tiny-hf-")))
@@ -84,12 +83,9 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 TTFT {ours['p99_ttft_ms']:.0f} vs {theirs['p99_ttft_ms']:.0f} ms, goodput "
               f"{ours['request_goodput']:.2f} vs {theirs['request_goodput']:.2f} req/s ({ratio:.1f}x)")
     print(f"machine busy during the run: {watch.busy}")
-    result = {"command": "python -m inflight.bench.serve_compare " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": describe_device(), "load": watch.as_dict(), "goodput_slos_ms": goodput,
+    result = {**run_record("inflight.bench.serve_compare", argv, watch), "goodput_slos_ms": goodput,
               "settings": vars(args) | {"output": str(args.output)}, "rounds": rounds, "summary": summary}
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"saved {args.output}")
+    save_result(result, args.output)
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
 from inflight.bench.serve import random_requests, run_benchmark
-from inflight.bench.serve_process import start_inflight
+from inflight.bench.serve_process import run_record, save_result, start_inflight
 
 __all__ = ["main", "offline_throughput", "offline_ttfts"]
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.num_prompts, args.output_len, args.low_load_prompts, args.rounds = 8, 8, 2, 1
-    from inflight import describe_device, load_tiny
+    from inflight import load_tiny
     from inflight.threads import LoadWatch, configure_threads
 
     threads = configure_threads()
@@ -104,19 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             s.stop()
     summary = {k: {"median": statistics.median(r[k] for r in rows), "min": min(r[k] for r in rows),
                    "max": max(r[k] for r in rows)} for k in rows[0]}
-    result = {"command": "python -m inflight.bench.serve_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": describe_device(), "threads": threads.threads, "load": watch.as_dict(),
+    result = {**run_record("inflight.bench.serve_cost", argv, watch), "threads": threads.threads,
               "settings": vars(args) | {"output": str(args.output)}, "rounds": rows, "summary": summary}
     for mode in servers:
         print(f"{mode} loop: {summary[f'{mode}_over_offline']['median']:.1%} of the offline engine's tokens/s "
               f"(range {summary[f'{mode}_over_offline']['min']:.1%}-{summary[f'{mode}_over_offline']['max']:.1%}); "
               f"median TTFT at low load {summary[f'{mode}_ttft_extra_ms']['median']:+.1f} ms over the engine's own")
     print(f"machine busy during the run: {watch.busy}")
-    if args.output:
-        import json
-
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"saved {args.output}")
+    save_result(result, args.output)
     return 0
 
 

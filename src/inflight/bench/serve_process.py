@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["ServerHandle", "start_inflight", "start_transformers", "save_tiny_as_hf", "free_port"]
+__all__ = ["ServerHandle", "start_inflight", "start_transformers", "save_tiny_as_hf", "free_port", "run_record",
+           "save_result"]
 
 READY_TIMEOUT_S = 300
 
@@ -159,3 +160,18 @@ def save_tiny_as_hf(folder: Path) -> Path:
     cfg.pop("inflight_tokenizer", None)
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
     return folder
+
+
+def run_record(module: str, argv: list[str] | None, watch) -> dict:
+    """What every serving measurement records about itself: its command, the machine, the load."""
+    from inflight import describe_device
+
+    return {"command": f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": describe_device(), "load": watch.as_dict()}
+
+
+def save_result(result: dict, output: Path | None) -> None:
+    """Write a measurement's results JSON, if asked to."""
+    if output:
+        Path(output).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"saved {output}")
