@@ -69,7 +69,7 @@ async def send_request(client: Any, url: str, payload: dict, *, headers: dict | 
             if response.status_code != 200:
                 res.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')[:300]}"
                 return res
-            chunks = 0
+            chunks, done = 0, False
             async for line in response.aiter_lines():
                 if hang_up_after_chunks is not None and chunks >= hang_up_after_chunks:
                     res.cancelled = True
@@ -78,6 +78,7 @@ async def send_request(client: Any, url: str, payload: dict, *, headers: dict | 
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
                 chunks += 1
                 if read_delay_s:
@@ -91,6 +92,10 @@ async def send_request(client: Any, url: str, payload: dict, *, headers: dict | 
         return res
     res.latency = time.perf_counter() - res.start_time
     res.output_len, res.generated_text = max(n_tokens, res.output_len), "".join(text)
+    if res.finish_reason in ("abort", "error"):  # the server gave up on it (shutting down, a failed step)
+        res.error = f"the server ended the stream with finish_reason {res.finish_reason!r}"
+    elif not done and res.finish_reason is None:  # the connection ended cleanly, but the answer did not
+        res.error = f"the stream ended before its finish_reason and [DONE], after {n_tokens} token(s)"
     res.success = n_tokens > 0 and not res.error
     if not res.success and not res.error:
         res.error = "the stream ended without a token"
