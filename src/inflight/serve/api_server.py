@@ -4,16 +4,23 @@ and `serving_completion.py` / `serving_chat.py`), on FastAPI.
 One handler per request, all on one event loop: it checks the request (bad input: 400 with the
 engine's own message, before anything is queued), refuses it at once with 503 + Retry-After when
 the waiting queue is full, then hands it to the engine loop and either streams its deltas as
-Server-Sent Events or waits for the whole answer. A client that goes away aborts its request:
+Server-Sent Events or waits for the whole answer. The request is queued (`AsyncEngine.add_request`)
+in the same instant it is admitted, so that the next handler's admission already counts it; its
+stream is closed however the response ends, and closing aborts a request that has not finished.
+A client that goes away therefore aborts its request:
 
 - streaming: Starlette cancels the response's task when the client disconnects (or writing to it
-  fails); the cancellation reaches `AsyncEngine.generate`, whose `finally` sends the abort;
+  fails), and the response closes the request's stream — also when the client left before the
+  body began;
 - not streaming: the handler races the answer against the connection's `http.disconnect` message
   and cancels the wait when the client leaves first (vLLM's `with_cancellation`).
+
+Every error, also a path or method that does not exist, has OpenAI's shape.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -21,10 +28,12 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from inflight import checks
 from inflight.serve import protocol
-from inflight.serve.async_engine import AsyncEngine, EngineDeadError
+from inflight.serve.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from inflight.serve.metrics import CONTENT_TYPE, ServerMetrics
 from inflight.serve.protocol import RequestError
 
@@ -55,6 +64,15 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, *, model_name: str, a
 
     if api_key is not None:
         app.add_middleware(_RequireApiKey, key=api_key)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:  # no such path, or method
+        return _error(RequestError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> Response:  # a bug: logged, never a traceback out
+        return _error(RequestError(f"internal server error ({type(exc).__name__})", status=500,
+                                   type="internal_server_error"))
 
     @app.get("/health")
     async def health() -> Response:
@@ -102,13 +120,18 @@ class OpenAIServing:
             _admit(self.engine, self.max_waiting)
         except RequestError as exc:
             return _error(exc)
+        except ClientDisconnect:  # gone before its body was whole: nobody to answer
+            return Response(status_code=499)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         shape = _Shape(rid, self.model_name, protocol.now(), chat, len(ids))
-        deltas = self.engine.generate(ids, params, rid, arrival)
+        # queued now, with no await since the admission check: a burst of handlers each count the ones before
+        deltas = self.engine.add_request(ids, params, rid, arrival)
         if req.stream:
-            return StreamingResponse(_stream(deltas, shape, req), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        answer = await _unless_disconnected(request, _collect(deltas, shape))
+            return _EventStream(deltas, _stream(deltas, shape, req))
+        try:
+            answer = await _unless_disconnected(request, _collect(deltas, shape))
+        finally:
+            deltas.close()
         return answer if answer is not None else Response(status_code=499)  # (nobody is listening any more)
 
     def check(self, body: dict, chat: bool) -> tuple[protocol.GenerationRequest, list[int], Any]:
@@ -121,7 +144,10 @@ class OpenAIServing:
             else:
                 req = protocol.completion_request(body, self.model_name)
             ids = checks.prompt(req.prompt, llm.config.vocab_size, llm.tokenizer)
-            default = llm.max_model_len - len(ids) if chat else protocol.DEFAULT_COMPLETION_TOKENS
+            # a chat's default is the rest of the context, or of the pool where that is smaller (a request
+            # holds at most prompt + max_tokens - 1 tokens of KV: inflight.engine.liveness.max_kv_tokens)
+            room = min(llm.max_model_len, llm.num_blocks * llm.block_size + 1) - len(ids)
+            default = room if chat else protocol.DEFAULT_COMPLETION_TOKENS
             want = req.sampling.get("max_tokens", default)
             # a prompt that fits but leaves no room for max_tokens is refused, as vLLM does (the engine would cut
             # it short); a prompt too long by itself gets the engine's own message from check_request
@@ -160,9 +186,10 @@ def _admit(engine: AsyncEngine, max_waiting: int | None) -> None:
                            status=503, type="service_unavailable", code="queue_full")
 
 
-def _error(exc: RequestError) -> JSONResponse:
+def _error(exc: RequestError) -> Response:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    # (ASCII-escaped: a message that quotes the client's input must not fail to encode)
+    return Response(json.dumps(exc.body()), status_code=exc.status, headers=headers, media_type="application/json")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -179,6 +206,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class _EventStream(StreamingResponse):
+    """A Server-Sent Events response that closes its request's stream however the response ends:
+    finished, failed, or cancelled because the client left — also before the body began, when
+    Starlette never starts the body's generator (whose own `finally` would close it)."""
+
+    def __init__(self, deltas: RequestStream, body: AsyncIterator[str]):
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.deltas = deltas
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.deltas.close()
+
+
 class _Shape:
     """How to write one request's answer: its id, model, creation time, endpoint and prompt size."""
 
@@ -193,7 +236,7 @@ class _Shape:
                                                        chunk=True))
 
 
-async def _stream(deltas: AsyncIterator, shape: _Shape, req: protocol.GenerationRequest) -> AsyncIterator[str]:
+async def _stream(deltas: RequestStream, shape: _Shape, req: protocol.GenerationRequest) -> AsyncIterator[str]:
     """The SSE body: a chunk per delta with text (or an ending), the usage chunk if asked, [DONE]."""
     completion = 0
     try:
@@ -212,11 +255,11 @@ async def _stream(deltas: AsyncIterator, shape: _Shape, req: protocol.Generation
     except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
         yield protocol.sse(protocol.error_body(str(exc), "internal_server_error"))
     finally:
-        await deltas.aclose()  # (cancelled or failed before the end: this aborts the request)
+        deltas.close()  # (cancelled or failed before the end: this aborts the request)
     yield protocol.SSE_DONE
 
 
-async def _collect(deltas: AsyncIterator, shape: _Shape) -> JSONResponse:
+async def _collect(deltas: RequestStream, shape: _Shape) -> Response:
     """A whole (non-streamed) answer."""
     text, completion, finish = [], 0, None
     try:
@@ -230,7 +273,7 @@ async def _collect(deltas: AsyncIterator, shape: _Shape) -> JSONResponse:
     except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
         return _error(RequestError(str(exc), status=500, type="internal_server_error"))
     finally:
-        await deltas.aclose()
+        deltas.close()
     usage = protocol.usage(shape.prompt_tokens, completion)
     make = protocol.chat_object if shape.chat else protocol.completion_object
     return JSONResponse(make(shape.rid, shape.model, shape.created, "".join(text), finish, usage))

@@ -32,7 +32,7 @@ from inflight.engine.outputs import RequestOutput
 from inflight.engine.sampling import SamplingParams
 from inflight.serve.output_collector import RequestOutputCollector, StreamDelta
 
-__all__ = ["AsyncEngine", "EngineDeadError", "EngineSnapshot", "LOOP_MODES"]
+__all__ = ["AsyncEngine", "RequestStream", "EngineDeadError", "EngineSnapshot", "LOOP_MODES"]
 
 LOOP_MODES = ("thread", "task")
 
@@ -89,7 +89,7 @@ class AsyncEngine:
         self.dead: BaseException | None = None      # why the loop stopped, once it has
         self._cond = threading.Condition()
         self._commands: list[_Add | _Abort] = []    # guarded by _cond
-        self._pending_adds = 0                      # _Add commands not yet drained (guarded by _cond)
+        self._pending_adds = 0                      # requests added, not yet in a snapshot (guarded by _cond)
         self._stopping = False
         self._collectors: dict[str, RequestOutputCollector] = {}  # event-loop thread only
         self._sent: dict[str, tuple[int, int]] = {}  # loop only: (tokens, characters) each request has been sent
@@ -131,7 +131,9 @@ class AsyncEngine:
         return self.dead is None and self._runner is not None and not self._stopping
 
     def num_waiting(self) -> int:
-        """Requests waiting for admission: the engine's queue after its last step plus those not yet handed to it."""
+        """Requests waiting for admission: the engine's queue after its last step plus those added
+        since (a request counts as pending from `add_request` until a snapshot that includes it is
+        published, so a burst of requests checked one after another sees every one before it)."""
         with self._cond:
             return self.snapshot.num_waiting + self._pending_adds
 
@@ -140,26 +142,33 @@ class AsyncEngine:
         self._next_id += 1
         return f"{prefix}-{self._next_id}"
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                       arrival_time: float | None = None) -> AsyncIterator[StreamDelta]:
-        """Queue a request and yield its deltas until it ends. Validate it first (`LLMEngine.check_request`).
-        If the caller stops early (a client disconnected: the task is cancelled, or the generator closed),
-        the request is aborted through the loop and its blocks go back to the pool."""
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                    arrival_time: float | None = None) -> "RequestStream":
+        """Queue a request now and return its stream of deltas (vLLM's `AsyncLLM.add_request`).
+        Validate it first (`LLMEngine.check_request`). The caller must `close()` the stream however
+        it stops reading: a request that has not finished is then aborted through the loop. A
+        `request_id` still in use is refused (ValueError): its deltas would go to the wrong reader."""
         if not self.is_running:
             raise EngineDeadError(f"the engine loop is not running ({self.dead or 'shut down'})")
+        if request_id in self._collectors:
+            raise ValueError(f"request_id {request_id!r} is already in use")
         collector = RequestOutputCollector()
         self._collectors[request_id] = collector
-        self._submit(_Add(request_id, prompt_token_ids, params, time.perf_counter() if arrival_time is None else arrival_time))
-        finished = False
+        arrival = time.perf_counter() if arrival_time is None else arrival_time
+        self._submit(_Add(request_id, prompt_token_ids, params, arrival))
+        return RequestStream(self, request_id, collector)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                       arrival_time: float | None = None) -> AsyncIterator[StreamDelta]:
+        """Queue a request (`add_request`) and yield its deltas until it ends. If the caller stops
+        early (a client disconnected: the task is cancelled, or the generator closed), the request
+        is aborted through the loop and its blocks go back to the pool."""
+        stream = self.add_request(prompt_token_ids, params, request_id, arrival_time)
         try:
-            while not finished:
-                delta = await collector.get()
-                finished = delta.finished
+            async for delta in stream:
                 yield delta
         finally:
-            self._collectors.pop(request_id, None)
-            if not finished:
-                self._submit(_Abort(request_id))
+            stream.close()
 
     def _submit(self, command: _Add | _Abort) -> None:
         with self._cond:
@@ -212,8 +221,8 @@ class AsyncEngine:
         """Drain the commands, then one step; the deltas to hand over, and whether the loop is done."""
         with self._cond:
             commands, self._commands = self._commands, []
-            self._pending_adds = 0
             stopping = self._stopping
+        added = sum(isinstance(cmd, _Add) for cmd in commands)
         deltas: list[tuple[str, StreamDelta | BaseException]] = []
         for cmd in commands:
             if isinstance(cmd, _Abort):
@@ -235,11 +244,14 @@ class AsyncEngine:
                 if self.observer is not None:
                     self.observer.on_abort(rid)
             self._sent.clear()
-            self._publish()
+            self._publish(added)
             return deltas, True
-        outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+        if not self.engine.has_unfinished_requests():  # (only aborts came, or an add that failed): no step
+            self._publish(added)                        # to run, and none for the observer to record
+            return deltas, False
+        outputs = self.engine.step()
         deltas += [(o.request_id, self._delta(o)) for o in outputs if self._due(o)]
-        self._publish()
+        self._publish(added)
         if self.observer is not None:
             self.observer.on_step(outputs, self.engine)
         return deltas, False
@@ -261,11 +273,15 @@ class AsyncEngine:
             self._sent[out.request_id] = (len(out.token_ids), len(text))
         return delta
 
-    def _publish(self) -> None:
+    def _publish(self, added: int) -> None:
+        """A new snapshot, which now counts the `added` requests this iteration handed to the engine
+        (as waiting or running): they stop counting as pending in the same instant."""
         sched = self.engine.scheduler
-        self.snapshot = EngineSnapshot(len(sched.running), len(sched.waiting) + len(sched.swapped),
-                                       self.engine.allocator.num_used, self.engine.num_blocks,
-                                       self.snapshot.steps + 1)
+        snapshot = EngineSnapshot(len(sched.running), len(sched.waiting) + len(sched.swapped),
+                                  self.engine.allocator.num_used, self.engine.num_blocks, self.snapshot.steps + 1)
+        with self._cond:
+            self.snapshot = snapshot
+            self._pending_adds -= added
 
     def _die(self, exc: BaseException) -> None:
         self.dead = exc
@@ -278,3 +294,38 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         """On the event loop: every waiting request ends with `error`."""
         self._dispatch([(rid, error) for rid in list(self._collectors)])
+
+
+class RequestStream:
+    """One queued request's deltas, as an async iterator (what `AsyncEngine.add_request` returns).
+    `close()` ends it: a request that has not finished is aborted through the engine loop. It ends
+    by itself with the request's last delta, or with the error the loop sent instead."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, collector: RequestOutputCollector):
+        self.engine, self.request_id, self.collector = engine, request_id, collector
+        self.finished = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            delta = await self.collector.get()
+        except Exception:  # the loop failed the request (or died): nothing left to abort
+            self._end()
+            raise
+        if delta.finished:
+            self._end()
+        return delta
+
+    def close(self) -> None:
+        """Stop reading: abort the request if it has not finished (safe to call more than once)."""
+        if not self.finished:
+            self._end()
+            self.engine._submit(_Abort(self.request_id))
+
+    def _end(self) -> None:
+        self.finished = True
+        self.engine._collectors.pop(self.request_id, None)

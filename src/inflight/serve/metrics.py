@@ -2,8 +2,8 @@
 
 Gauges (requests running and waiting, KV-cache usage) are read from the engine loop's latest
 snapshot when /metrics is scraped; counters and histograms are recorded by the loop after every
-step, from the step's outputs: a request's TTFT when its first token comes out, each inter-token
-gap as it happens, its end-to-end latency and queue time when it ends. All of them are the
+step, from the step's outputs: a request's TTFT and prompt tokens when its first token comes out,
+each inter-token gap as it happens, its end-to-end latency and queue time when it ends. All are the
 engine's own clock (arrival = when the HTTP request came in), so a client sees these plus the
 network. Each server has its own registry, so several can live in one process (tests).
 """
@@ -65,11 +65,10 @@ class ServerMetrics:
         self._prefix = (0, 0)                # the engine's prefix-cache totals at the last step
 
     def on_step(self, outputs: list, engine: Any) -> None:
-        """Record one step (called on the engine loop, after `step()`)."""
+        """Record one step (called on the engine loop, after each `step()` and only then: `engine.stats[-1]`
+        is that step's record)."""
         if engine.stats:
-            st = engine.stats[-1]
-            self.prompt_tokens.inc(st.num_prefill_tokens)
-            self.preemptions.inc(st.num_preempted)
+            self.preemptions.inc(engine.stats[-1].num_preempted)
         pc = engine.prefix_cache_stats()
         queries, hits = pc["prefix_cache_query_tokens"], pc["prefix_cache_hit_tokens"]
         self.prefix_queries.inc(queries - self._prefix[0])
@@ -79,8 +78,10 @@ class ServerMetrics:
             seen = self._seen.get(out.request_id, 0)
             times = out.token_times
             self.generation_tokens.inc(len(times) - seen)
-            if seen == 0 and times:
+            if seen == 0 and times:  # its first token
                 self.ttft.observe(times[0] - out.arrival_time)
+                # its whole prompt, once (vLLM's count: with the part the prefix cache supplied, without recomputes)
+                self.prompt_tokens.inc(len(out.prompt_token_ids))
             for a, b in zip(times[max(seen - 1, 0):], times[max(seen, 1):]):
                 self.itl.observe(b - a)
             if out.finished:

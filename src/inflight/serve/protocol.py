@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from inflight.checks import show
 from inflight.engine.sampling import SamplingParams
 
 __all__ = ["RequestError", "GenerationRequest", "parse_json", "completion_request", "chat_request",
@@ -24,6 +25,19 @@ _SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_i
 _COMMON = _SAMPLING | {"model", "stream", "stream_options", "n", "user"}
 COMPLETION_FIELDS = _COMMON | {"prompt"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
+#: fields of OpenAI's API (and vLLM's) this server does not implement, with the values that ask for
+#: nothing: clients send them as their defaults (LangChain, `vllm bench serve`), so those are
+#: accepted and ignored; any other value is refused by name
+NEUTRAL = {"logprobs": (None, False), "logit_bias": (None, {}), "frequency_penalty": (None, 0),
+           "presence_penalty": (None, 0), "repetition_penalty": (None, 1), "top_k": (None, -1, 0),
+           "min_p": (None, 0), "min_tokens": (None, 0)}
+NEUTRAL_COMPLETION = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+NEUTRAL_CHAT = {"top_logprobs": (None, 0), "response_format": (None, {"type": "text"}), "tools": (None, []),
+                "tool_choice": (None, "none")}
+#: Stop conditions are checked for every running request at every step, on the engine loop that
+#: all requests share: a request may bring this many, so that one client cannot slow everyone's steps
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
 #: OpenAI's default `max_tokens` for /v1/completions (chat completions default to the rest of the context)
 DEFAULT_COMPLETION_TOKENS = 16
 #: the plain chat template of models without one of their own (the tiny model): each message on its
@@ -70,31 +84,46 @@ def _no_constant(name: str) -> float:
 
 
 def parse_json(raw: bytes) -> dict:
-    """The request body as a JSON object (malformed JSON, NaN/Infinity and non-objects are refused)."""
+    """The request body as a JSON object (malformed JSON, NaN/Infinity, nesting past Python's
+    recursion limit, lone UTF-16 surrogates and non-objects are refused)."""
     try:
         body = json.loads(raw, parse_constant=_no_constant)
+        # JSON may escape half of a UTF-16 pair ("\ud800"); Python keeps it, but it is not text: it
+        # cannot be encoded, so it could not even be repeated back in an error message
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"the request body holds {exc.object[exc.start:exc.end]!r}, a lone UTF-16 surrogate, "
+                           "which is not text") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply to parse") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
 
 
-def _common(body: dict, allowed: set[str], served_model: str) -> tuple[dict, bool, bool, bool, str | None]:
-    unknown = sorted(set(body) - allowed)
+def _common(body: dict, allowed: set[str], neutral: dict, served_model: str
+            ) -> tuple[dict, bool, bool, bool, str | None]:
+    unknown = sorted(set(body) - allowed - set(neutral))
     if unknown:
         raise RequestError(f"unknown field(s) {', '.join(map(repr, unknown))}; this endpoint takes "
                            f"{', '.join(sorted(allowed))}", param=unknown[0])
+    for name in sorted(set(body) & set(neutral)):
+        if not any(_same(body[name], v) for v in neutral[name]):
+            raise RequestError(f"{name}={show(body[name])} is not supported by this server (it accepts only "
+                               f"{' or '.join(json.dumps(v) for v in neutral[name])}, which ask for nothing)",
+                               param=name)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(f"model must be a string, got {type(model).__name__}", param="model")
     if model is not None and model != served_model:
         raise RequestError(f"The model `{model}` does not exist (this server serves `{served_model}`).",
                            param="model", status=404, type="NotFoundError", code="model_not_found")
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
-        raise RequestError(f"n must be 1 (one completion per request), got {n!r}", param="n")
-    stream = body.get("stream", False)
+    n = body.get("n")  # (null, as OpenAI's schema allows for every optional field, is the default)
+    if n is not None and not _same(n, 1):
+        raise RequestError(f"n must be 1 (one completion per request), got {show(n)}", param="n")
+    stream = False if body.get("stream") is None else body["stream"]
     if not isinstance(stream, bool):
         raise RequestError(f"stream must be a boolean, got {type(stream).__name__}", param="stream")
     options = body.get("stream_options")
@@ -109,12 +138,23 @@ def _common(body: dict, allowed: set[str], served_model: str) -> tuple[dict, boo
         if not isinstance(options[key], bool):
             raise RequestError(f"stream_options.{key} must be a boolean", param="stream_options")
     sampling = {k: body[k] for k in _SAMPLING if k in body and body[k] is not None}
+    for key, most, what in (("stop", MAX_STOP_STRINGS, "stop strings"),
+                            ("stop_token_ids", MAX_STOP_TOKEN_IDS, "stop_token_ids")):
+        if isinstance(sampling.get(key), list) and len(sampling[key]) > most:
+            raise RequestError(f"{key} holds {len(sampling[key])} items; a request may have at most {most} {what} "
+                               "(every one is checked at every step, on the loop all requests share)", param=key)
     return sampling, stream, bool(options.get("include_usage")), bool(options.get("continuous_usage_stats")), model
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """`value == neutral`, where a bool and a number are never the same (`logprobs: 0` asks for something)."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
 
 
 def completion_request(body: dict, served_model: str) -> GenerationRequest:
     """A /v1/completions body: `prompt` is a string or a list of token ids (one prompt per request)."""
-    sampling, stream, usage_, continuous, model = _common(body, COMPLETION_FIELDS, served_model)
+    sampling, stream, usage_, continuous, model = _common(body, COMPLETION_FIELDS, NEUTRAL | NEUTRAL_COMPLETION,
+                                                          served_model)
     if "prompt" not in body:
         raise RequestError("prompt is required", param="prompt")
     prompt = body["prompt"]
@@ -130,7 +170,7 @@ def completion_request(body: dict, served_model: str) -> GenerationRequest:
 
 def chat_request(body: dict, served_model: str) -> tuple[GenerationRequest, list[dict]]:
     """A /v1/chat/completions body, and its messages as [{"role", "content"}] with string contents."""
-    sampling, stream, usage_, continuous, model = _common(body, CHAT_FIELDS, served_model)
+    sampling, stream, usage_, continuous, model = _common(body, CHAT_FIELDS, NEUTRAL | NEUTRAL_CHAT, served_model)
     if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
         sampling.setdefault("max_tokens", body["max_completion_tokens"])
     messages = body.get("messages")

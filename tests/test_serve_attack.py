@@ -1,0 +1,180 @@
+"""The server attacked by someone who did not write it: hostile and odd input, bursts past the
+back-pressure bound, clients that vanish mid-upload, a model that raises, and the bookkeeping that
+must come out whole afterwards. The app runs in this process on a uvicorn thread with a real
+loopback socket (`InProcessServer`), so each test can also check what the server kept: nothing
+logged as an error, no request, collector or block left once the clients are done."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from serve_helpers import WAIT_S, InProcessServer, parse_response, read_until  # noqa: E402
+
+PROMPT = "def add(a, b):"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from inflight import load_tiny
+
+    return load_tiny()
+
+
+def _engine(tiny, **kw):
+    from inflight import LLMEngine
+
+    model, tok = tiny
+    kw = {"block_size": 16, "num_blocks": 16, "max_batch_size": 4, **kw}
+    return LLMEngine(model, tokenizer=tok, **kw)
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    srv = InProcessServer(_engine(tiny))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_escaped(request):
+    """After every test: no exception escaped the app (uvicorn logged none) and nothing is left behind."""
+    yield
+    if "server" in request.fixturenames:
+        srv = request.getfixturevalue("server")
+        errors, srv.errors[:] = list(srv.errors), []
+        srv.wait_clean()
+        assert not errors, [f"{r.getMessage()} {r.exc_info[1]!r}" for r in errors]
+
+
+def _error(status_body: tuple[int, dict, bytes]) -> tuple[int, dict]:
+    status, _, raw = status_body
+    body = json.loads(raw)
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, raw
+    return status, body["error"]
+
+
+# -- protocol and input ------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, words", [
+    (b"[" * 100_000, "nested too deeply"),                                   # RecursionError in json.loads
+    (b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested too deeply"),
+    (b'{"prompt": "x", "model": "\\ud800"}', "lone UTF-16 surrogate"),              # not encodable as UTF-8
+    (b'{"\\udfff": 1}', "lone UTF-16 surrogate"),
+    (b'{"prompt": "a\\ud800b", "max_tokens": 2}', "lone UTF-16 surrogate"),
+    (json.dumps({"prompt": "x", "stop": [f"s{i}" for i in range(65)]}).encode(), "at most 64 stop strings"),
+    (json.dumps({"prompt": "x", "stop_token_ids": [5] * 1025}).encode(), "at most 1024 stop_token_ids"),
+    (b'{"prompt": "x", "logprobs": 2}', "logprobs=2 is not supported"),
+    (b'{"prompt": "x", "echo": true}', "echo=True is not supported"),
+    (b'{"prompt": "x", "presence_penalty": 0.5}', "presence_penalty=0.5 is not supported"),
+], ids=["deep list", "deep prompt", "surrogate model", "surrogate field", "surrogate prompt", "65 stops",
+        "1025 stop ids", "logprobs", "echo", "presence_penalty"])
+def test_hostile_bodies_get_a_400_that_names_the_problem(server, body, words):
+    status, err = _error(server.request("POST", "/v1/completions", body))
+    assert status == 400 and words in err["message"], err
+
+
+def test_unknown_paths_and_methods_get_openai_errors(server):
+    status, err = _error(server.request("GET", "/v1/completions"))
+    assert status == 405 and "Method Not Allowed" in err["message"]
+    status, err = _error(server.request("POST", "/v1/embeddings", {"input": "x"}))
+    assert status == 404 and "Not Found" in err["message"]
+
+
+def test_fields_sent_with_their_neutral_value_are_accepted(server):
+    """Clients (LangChain, `vllm bench serve`, …) send OpenAI's optional fields with values that
+    change nothing; those must not be refused as unknown."""
+    neutral = {"logprobs": None, "echo": False, "best_of": 1, "suffix": None, "logit_bias": {},
+               "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "n": None,
+               "stream": None, "top_k": -1, "min_tokens": 0}
+    status, _, raw = server.request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, **neutral})
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3, raw
+    chat = {"logprobs": False, "top_logprobs": None, "tools": None, "response_format": {"type": "text"}}
+    status, _, raw = server.request("POST", "/v1/chat/completions",
+                                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **chat})
+    assert status == 200, raw
+
+
+def test_a_chat_without_max_tokens_gets_what_the_pool_can_hold(server):
+    """The `openai` client sends no max_tokens by default; on a pool smaller than the context the
+    answer must fit the pool, not be refused as one that could never finish."""
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="x", timeout=WAIT_S, max_retries=0)
+    out = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}])
+    assert out.choices[0].finish_reason in ("stop", "length") and out.usage.completion_tokens >= 1
+    assert out.usage.prompt_tokens + out.usage.completion_tokens <= 16 * 16 + 1
+
+
+def test_a_client_that_leaves_mid_upload_is_not_a_server_error(server):
+    for _ in range(3):
+        s = server.connect()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 500\r\n\r\n{\"prompt\": \"abc\", ")
+        s.close()
+    time.sleep(1.0)  # (the autouse check then finds nothing logged)
+    assert server.request("GET", "/health")[0] == 200
+
+
+def test_a_huge_chunked_upload_is_cut_off_with_413(server):
+    s = server.connect()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+              b"Content-Type: application/json\r\n\r\n")
+    piece = b"a" * 65536
+    try:
+        for _ in range(40):
+            s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+    except OSError:
+        pass  # (the server answered and closed while we were still sending)
+    status, err = _error(parse_response(read_until(s, b"}}")))  # (the upload is unfinished: no close to wait for)
+    s.close()
+    assert status == 413 and "over the limit" in err["message"]
+
+
+# -- streaming correctness ---------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt, seed", [("# 日本語\n", 3), ("déf ü(x):", 7)])
+def test_sampled_multibyte_text_is_the_same_streamed_whole_and_offline(server, tiny, prompt, seed):
+    """Seeded sampling at a high temperature makes the byte-level model write multi-byte characters
+    and invalid bytes; a stop string cut from that text straddles them."""
+    from inflight import SamplingParams
+
+    kw = {"max_tokens": 40, "temperature": 4.0, "seed": seed}
+    alone = _engine(tiny).generate([prompt], SamplingParams(**kw), use_tqdm=False)[0].text
+    assert any(ord(c) > 127 for c in alone)  # (the case this test is about)
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="x", timeout=WAIT_S, max_retries=0)
+    stop = next(alone[i:i + 2] for i in range(3, len(alone)) if ord(alone[i]) > 127)
+    for extra, want, reason in (({}, alone, "length"), ({"stop": [stop]}, alone[:alone.index(stop)], "stop")):
+        whole = client.completions.create(model=server.model, prompt=prompt, **kw, **extra)
+        chunks = list(client.completions.create(model=server.model, prompt=prompt, stream=True, **kw, **extra))
+        assert whole.choices[0].text == "".join(c.choices[0].text for c in chunks) == want
+        assert whole.choices[0].finish_reason == chunks[-1].choices[0].finish_reason == reason
+
+
+# -- back-pressure -----------------------------------------------------------------------------------
+def test_a_burst_cannot_overshoot_max_waiting(tiny):
+    """Twelve requests arrive together while the engine is busy in a step: with --max-waiting 2
+    exactly two are queued and ten refused (each handler must count the ones admitted just before it)."""
+    engine = _engine(tiny, max_batch_size=1)
+    gate, step = threading.Event(), engine.step
+    engine.step = lambda: (gate.wait(WAIT_S), step())[1]
+    srv = InProcessServer(engine, max_waiting=2)
+    try:
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 4, "stream": True}).encode()
+        socks = [srv.connect() for _ in range(12)]
+        req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" \
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        for s in socks:
+            s.sendall(req)
+        codes = [read_until(s, b"\r\n").split(b" ")[1] for s in socks]
+        assert sorted(codes) == [b"200"] * 2 + [b"503"] * 10, codes
+        gate.set()
+        for s in socks:  # (the two queued ones are aborted as their clients leave)
+            s.close()
+        srv.wait_clean()
+    finally:
+        gate.set()
+        srv.stop()
+    assert not srv.errors
