@@ -79,6 +79,38 @@ def test_hostile_bodies_get_a_400_that_names_the_problem(server, body, words):
     assert status == 400 and words in err["message"], err
 
 
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, body, param, words", [
+    ("/v1/completions", {"prompt": "x", "max_tokens": "4"}, "max_tokens", "max_tokens must be an int"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", 5]}, "stop", "stop[1] must be a string"),
+    ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "vocabulary"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p", "top_p must be > 0"),
+    ("/v1/completions", {"prompt": "x", "user": {"id": 5}}, "user", "user must be a string"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": "3"}, "max_completion_tokens",
+     "max_completion_tokens must be an int"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 600}, "max_completion_tokens",
+     "exceed the model's context"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 600}]}, "messages",
+     "longer than the model's context"),
+], ids=["max_tokens", "stop item", "token id", "top_p", "user", "max_completion_tokens type",
+        "max_completion_tokens size", "chat prompt"])
+def test_a_refused_field_is_named_in_param(server, path, body, param, words):
+    """OpenAI's `param` says which field was wrong, also when the engine's own check refused it,
+    and under the name the client used."""
+    status, err = _error(server.request("POST", path, body))
+    assert status == 400 and err["param"] == param and words in err["message"], err
+
+
+def test_max_completion_tokens_wins_over_max_tokens(server):
+    """OpenAI deprecated max_tokens for max_completion_tokens; a client that sends both means the new
+    one (as vLLM reads them)."""
+    status, _, raw = server.request("POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2,
+                                                                    "max_completion_tokens": 5, "ignore_eos": True})
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 5, raw
+
+
 def test_unknown_paths_and_methods_get_openai_errors(server):
     status, err = _error(server.request("GET", "/v1/completions"))
     assert status == 405 and "Method Not Allowed" in err["message"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -156,8 +157,18 @@ class OpenAIServing:
                                  f"context of {llm.max_model_len} tokens")
             ids, params = llm.check_request(ids, req.params(max(default, 1)))
         except (ValueError, TypeError) as exc:
-            raise RequestError(str(exc)) from None
+            raise RequestError(str(exc), param=_param(str(exc), body, chat)) from None
         return req, ids, params
+
+
+def _param(message: str, body: dict, chat: bool) -> str | None:
+    """The request field an engine message is about, for OpenAI's `param`: the engine's messages
+    begin with the argument they name ("max_tokens must be ...", "stop[0] is ..."); a chat's prompt
+    is its messages, and its max_tokens may have come as max_completion_tokens."""
+    word = re.match(r"[a-z_]*", message).group(0)
+    if chat and word not in body:
+        word = {"prompt": "messages", "max_tokens": "max_completion_tokens"}.get(word, word)
+    return word if word in body else None
 
 
 class _RequireApiKey:

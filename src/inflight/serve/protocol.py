@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.checks import show
+from inflight.checks import integer, show
 from inflight.engine.sampling import SamplingParams
 
 __all__ = ["RequestError", "GenerationRequest", "parse_json", "completion_request", "chat_request",
@@ -114,6 +114,9 @@ def _common(body: dict, allowed: set[str], neutral: dict, served_model: str
             raise RequestError(f"{name}={show(body[name])} is not supported by this server (it accepts only "
                                f"{' or '.join(json.dumps(v) for v in neutral[name])}, which ask for nothing)",
                                param=name)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):  # (an end-user id: ignored, but OpenAI's is a string)
+        raise RequestError(f"user must be a string, got {type(user).__name__}", param="user")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(f"model must be a string, got {type(model).__name__}", param="model")
@@ -171,8 +174,13 @@ def completion_request(body: dict, served_model: str) -> GenerationRequest:
 def chat_request(body: dict, served_model: str) -> tuple[GenerationRequest, list[dict]]:
     """A /v1/chat/completions body, and its messages as [{"role", "content"}] with string contents."""
     sampling, stream, usage_, continuous, model = _common(body, CHAT_FIELDS, NEUTRAL | NEUTRAL_CHAT, served_model)
-    if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
-        sampling.setdefault("max_tokens", body["max_completion_tokens"])
+    if body.get("max_completion_tokens") is not None:
+        # OpenAI's name since it deprecated max_tokens: a client that sends both means this one (as vLLM reads
+        # them); checked here, so that a bad value is refused under the name the client used
+        try:
+            sampling["max_tokens"] = integer("max_completion_tokens", body["max_completion_tokens"], minimum=1)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(str(exc), param="max_completion_tokens") from None
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
