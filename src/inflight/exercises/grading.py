@@ -1,10 +1,20 @@
 """The machinery behind every "check your answer" cell.
 
 A grader runs a list of `Case`s against the learner's code and against the package's reference,
-compares the results, and — when a case fails — looks for a known mistake (a `Mistake`: a small,
-deliberately wrong implementation) that behaves like the learner's code across the cases, not on one
-case alone (see `recognise_mistake`). If one does, its one-sentence explanation is printed; if none
-does, the report says so rather than guess. The result is a `GradeResult`, truthy when every case passed.
+compares the results, and — when a case fails — prints the first difference (windowed around it,
+`inflight.exercises.diff`) and ONE diagnosis, the first of these that holds:
+
+1. a wrong type (a case's strict check raised `answers.Flaw` with `first=True`: "returned a float");
+2. the exercise's own structural check (`grade(..., diagnose=...)`: "your step() never calls preempt");
+3. a known mistake (a `Mistake`: a small, deliberately wrong implementation) that behaves like the
+   learner's code across the cases, not on one case alone (see `recognise_mistake`);
+4. another finding of a case (`Flaw`: an input changed, the pool scanned, state kept across calls);
+5. a pattern in the failures (`inflight.exercises.diagnosis`): every failing case shares a property
+   (a tag: "num_tokens is an exact multiple of block_size"), a constant factor or offset, a value of
+   the wrong kind, an exception and the learner's line that raised it;
+6. otherwise it says it does not know the mistake rather than guess.
+
+The result is a `GradeResult`, truthy when every case passed.
 
 Code that never returns is stopped. Every case runs the learner's code under a time limit
 (`TIME_LIMIT_S`), enforced by a trace function (`sys.settrace`) that checks the clock at every line
@@ -20,13 +30,18 @@ not traced line by line. The learner's results are compared and printed under th
 """
 from __future__ import annotations
 
-import operator
 import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from inflight.exercises.answers import Flaw
+from inflight.exercises.diff import difference_lines, same_values
+
+__all__ = ["Case", "Mistake", "GradeResult", "Diagnosis", "grade", "recognise_mistake", "repeat_case", "use_if_passed",
+           "call_with_time_limit", "CodeTimeout", "TIME_LIMIT_S", "MISTAKE_MIN_SHARE"]
 
 #: How long one case may run the learner's code before the grader stops it (seconds): graded
 #: cases take milliseconds, so only code that never returns gets anywhere near it.
@@ -42,6 +57,11 @@ class Case:
     name: str
     run: Callable[[Any], Any]
     describe: str = ""  # what the case feeds in, shown when it fails
+    tags: frozenset = frozenset()  # properties of the input ("exact multiple", "a tie"): see diagnosis.by_tag
+    unit: str | None = None  # what the items of a list result are called in the report ("step", "operation")
+    fields: tuple[str, ...] | None = None  # names of the items of a tuple result ("keys", "num_cached_tokens")
+    depth: int | None = None  # how deep the report looks for the first difference (1: a step's list as a whole)
+    data: Any = None  # the case's input, for an exercise's own diagnosis (a scheduler's script)
 
 
 @dataclass
@@ -91,15 +111,20 @@ class CodeTimeout(BaseException):
         return f"{name} did not return within {self.seconds:g} s" + (f" ({inside}" if inside else "")
 
 
-def call_with_time_limit(fn: Callable[..., Any], *args: Any, seconds: float | None = None, **kwargs: Any) -> Any:
+def call_with_time_limit(fn: Callable[..., Any], *args: Any, seconds: float | None = None,
+                         steps: list[int] | None = None, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)`, stopped with `CodeTimeout` if code outside the package is still running
-    after `seconds` (default `TIME_LIMIT_S`). Works in any thread, on every OS."""
+    after `seconds` (default `TIME_LIMIT_S`). Works in any thread, on every OS. With `steps` (a
+    one-item list), every line, opcode, call and return the learner's code runs is counted into
+    `steps[0]`: the operation count behind the complexity checks (`inflight.exercises.complexity`)."""
     seconds = TIME_LIMIT_S if seconds is None else seconds
     deadline = time.monotonic() + seconds
     clock = time.monotonic
     entry = sys._getframe()  # the stack above this frame is the grader's, not the learner's
 
     def line(frame, event, arg):  # in the learner's frames: every line, opcode, call and return
+        if steps is not None:
+            steps[0] += 1
         if clock() > deadline:
             raise CodeTimeout(_learner_function(frame, entry), seconds)
         return line
@@ -109,6 +134,8 @@ def call_with_time_limit(fn: Callable[..., Any], *args: Any, seconds: float | No
             raise CodeTimeout(_learner_function(frame, entry), seconds)
         if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
             return None
+        if steps is not None:
+            steps[0] += 1
         # every opcode, not only every line: a loop on one line (`while busy: pass`) runs no new line
         frame.f_trace_opcodes = True
         return line
@@ -137,6 +164,7 @@ def _learner_function(frame: Any, entry: Any) -> str:
     return f"your {names[-1]}(){where}"
 
 
+
 class _TimedOut:
     """Stands for "the implementation did not return": unequal to every result."""
 
@@ -151,11 +179,13 @@ class _TimedOut:
 
 
 class _Raised:
-    """Stands for "the implementation raised" so that exceptions compare like results."""
+    """Stands for "the implementation raised" so that exceptions compare like results; keeps the
+    learner's line that raised it (the last frame outside the package) for the diagnosis."""
 
     def __init__(self, exc: BaseException):
         self.type = type(exc).__name__
         self.message = str(exc)
+        self.where = _learner_line(exc)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Raised) and other.type == self.type
@@ -164,25 +194,55 @@ class _Raised:
         return f"raised {self.type}: {self.message}"
 
 
+class _Flawed:
+    """Stands for "a case's own check found what is wrong" (`answers.Flaw`)."""
+
+    def __init__(self, flaw: Flaw):
+        self.flaw = flaw
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Flawed) and (other.flaw.name, other.flaw.shown) == (self.flaw.name, self.flaw.shown)
+
+    def __repr__(self) -> str:
+        return self.flaw.shown
+
+
+def _learner_line(exc: BaseException) -> str | None:
+    """"line 7 of your cell, in allocate(): `return self.free_list[n]`" — where the learner's code raised."""
+    try:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE_DIR)]
+    except Exception:
+        return None
+    if not frames:
+        return None
+    f = frames[-1]
+    text = (f.line or "").strip()
+    where = f"line {f.lineno}" + (f", in {f.name}()" if not f.name.startswith("<") else "")
+    return where + (f": `{text}`" if text else "")
+
+
 def _outcome(case: Case, impl: Any) -> Any:
-    """What the learner's `impl` gives on `case` (under the time limit): a result, `_Raised` or `_TimedOut`."""
+    """What the learner's `impl` gives on `case` (under the time limit): a result, `_Raised`,
+    `_Flawed` or `_TimedOut`."""
     try:
         return call_with_time_limit(case.run, impl)
     except NotImplementedError:
         raise
     except CodeTimeout as stop:
         return _TimedOut(stop)
+    except Flaw as flaw:
+        return _Flawed(flaw)
     except (Exception, SystemExit) as exc:  # the learner's bug (even a sys.exit()) is data here, not a crash of the notebook
         return _Raised(exc)
 
 
 def _same(a: Any, b: Any, *, hang: bool = False) -> bool:
-    """`a == b` for results that may hold the learner's objects (a numpy array, a class of their
-    own): their `__eq__` and `__bool__` run under the time limit, and a comparison that raises or
-    gives no plain truth value (an array's ambiguous one) counts as "not equal". One that hangs
+    """`same_values(a, b)` for results that may hold the learner's objects (a numpy array, a class of
+    their own): their `__eq__` and `__bool__` run under the time limit, and a comparison that raises
+    or gives no plain truth value (an array's ambiguous one) counts as "not equal". One that hangs
     raises `CodeTimeout` (the grader reports it and stops), or with `hang=True` is "not equal" too."""
     try:
-        return call_with_time_limit(lambda: bool(operator.eq(a, b)))
+        return call_with_time_limit(lambda: bool(same_values(a, b)))
     except Exception:
         return False
     except CodeTimeout:
@@ -208,10 +268,20 @@ def grade(
     mistakes: Sequence[Mistake] = (),
     *,
     quiet: bool = False,
+    diagnose: Callable[[Any, list], Any] | None = None,
+    explain: Callable[[Any, list], Any] | None = None,
+    tags: dict[str, tuple[str, str]] | None = None,
+    factors: dict[float, str] | None = None,
 ) -> GradeResult:
-    """Run every case on `candidate` and `reference`; report the first difference and its likely cause."""
+    """Run every case on `candidate` and `reference`; report the first difference and ONE diagnosis
+    (see the module docstring). Keyword arguments (all optional, all exercise-specific knowledge):
+    `diagnose(candidate, failures)` a structural check returning a `Diagnosis` or None, where
+    `failures` is a list of `(case, expected, got)`; `explain(candidate, failures)` the same, asked
+    only when no known mistake matched (an invariant the answers break); `tags` {tag: (what the cases have, hint)} for the
+    cases' `tags`; `factors` {ratio: meaning} for answers that are a constant multiple of the right one."""
     n_passed = 0
-    failure: tuple[Case, Any, Any] | None = None
+    failures: list[tuple[Case, Any, Any]] = []
+    mine: dict[str, Any] = {}
     try:
         for case in cases:
             expected = case.run(reference)
@@ -223,10 +293,11 @@ def grade(
                     got = _TimedOut(stop)
             if isinstance(got, _TimedOut):  # stop here: every further case could hang just as long
                 return _report_timeout(exercise, case, got, n_passed, len(cases), quiet)
+            mine[case.name] = got
             if same:
                 n_passed += 1
-            elif failure is None:
-                failure = (case, expected, got)
+            else:
+                failures.append((case, expected, got))
     except NotImplementedError:
         result = GradeResult(exercise, False, 0, len(cases), not_implemented=True,
                              report=f"⏳ {exercise}: not implemented yet — fill in the cell above and run this check again.")
@@ -234,28 +305,35 @@ def grade(
             print(result.report)
         return result
 
-    if failure is None:
+    if not failures:
         result = GradeResult(exercise, True, n_passed, len(cases),
                              report=f"✅ {exercise}: all {len(cases)} cases passed.")
         if not quiet:
             print(result.report)
         return result
 
-    case, expected, got = failure
-    mistake, explained = recognise_mistake(candidate, reference, case, cases, mistakes)
-    lines = [
-        f"❌ {exercise}: {n_passed}/{len(cases)} cases passed.",
-        f"   First failing case: {case.name}" + (f" — {case.describe}" if case.describe else ""),
-        f"   expected: {_short(expected)}",
-        f"   got:      {_short(got)}",
-    ]
-    lines.append(_mistake_line(mistake, explained))
+    found = choose(candidate, reference, cases, mistakes, failures, mine, diagnose, explain)
+    found = found or find_pattern(cases, failures, tags or {}, factors or {}, _short)
+    shown = found.case if found and found.case is not None else failures[0][0]
+    case, expected, got = next(f for f in failures if f[0] is shown)
+    label = "First failing case" if case is failures[0][0] else "Failing case"
+    lines = [f"❌ {exercise}: {n_passed}/{len(cases)} cases passed.",
+             f"   {label}: {case.name}" + (f" — {case.describe}" if case.describe else "")]
+    lines += difference_lines(expected, got, _short, unit=case.unit, fields=case.fields, depth=case.depth,
+                              same=_same_or_false)
+    lines.append(found.line() if found else
+                 "🤔 Not a mistake I know: no classic slip gives your answers on the failing cases. "
+                 "Compare the first difference above with the rule in the text.")
     result = GradeResult(exercise, False, n_passed, len(cases), case.name, expected, got,
-                         mistake.name if mistake else None, mistake.explanation if mistake else None,
+                         found.name if found else None, found.explanation if found else None,
                          report="\n".join(lines))
     if not quiet:
         print(result.report)
     return result
+
+
+def _same_or_false(a: Any, b: Any) -> bool:
+    return _same(a, b, hang=True)
 
 
 def _report_timeout(exercise: str, case: Case, got: _TimedOut, n_passed: int, n_total: int,
@@ -272,56 +350,6 @@ def _report_timeout(exercise: str, case: Case, got: _TimedOut, n_passed: int, n_
     return result
 
 
-# A known mistake is named only when it gives the learner's exact (wrong) answer on the first failing
-# case shown AND on at least this share of all the cases the learner failed. One shared case proves
-# little: a shortest-job-first scheduler and a LIFO one both put B before A in the spec's example,
-# yet LIFO reproduces only 2 of its 28 failures. Every mistake the test suite writes independently is
-# reproduced on >= 75 % of its failures (most on all of them; a few learner-style mutants carry a
-# second slip, e.g. a free() without a double-free check that also drops reference counts: 9 of 12).
-MISTAKE_MIN_SHARE = 0.75
-
-
-def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequence[Case],
-                      mistakes: Sequence[Mistake]) -> tuple[Mistake | None, tuple[int, int]]:
-    """The known mistake that reproduces the candidate's wrong answers, with (reproduced, failed) counts.
-
-    A mistake qualifies when it gives the candidate's answer on `failing` and on at least
-    `MISTAKE_MIN_SHARE` of the cases the candidate fails; the one reproducing the most failures
-    wins (ties: the most agreement over all cases). None when no mistake qualifies.
-    """
-    mine: dict[str, Any] = {}
-    for c in cases:  # after one case that hangs, don't wait for the others
-        hung = any(isinstance(v, _TimedOut) for v in mine.values())
-        mine[c.name] = _TimedOut(CodeTimeout("your code", 0)) if hung else _safe(c, candidate)
-    failed = [c for c in cases if not _same(mine[c.name], _safe(c, reference), hang=True)]
-    best, best_key = None, (-1, -1)
-    for mistake in mistakes:
-        theirs = {c.name: _safe(c, mistake.impl) for c in cases}
-        if not _same(theirs[failing.name], mine[failing.name], hang=True):
-            continue
-        reproduced = sum(_same(theirs[c.name], mine[c.name], hang=True) for c in failed)
-        key = (reproduced, sum(_same(theirs[c.name], mine[c.name], hang=True) for c in cases))
-        if reproduced >= MISTAKE_MIN_SHARE * len(failed) and key > best_key:
-            best, best_key = mistake, key
-    return best, (max(best_key[0], 0), len(failed))
-
-
-def _mistake_line(mistake: Mistake | None, explained: tuple[int, int]) -> str:
-    if mistake is None:
-        return ("🤔 Not a mistake I know: no classic slip gives your answers on the failing cases. "
-                "Compare the first failing case above with the rule in the text.")
-    reproduced, failed = explained
-    return (f"💡 This looks like a classic mistake — {mistake.name} (it gives your answer on {reproduced} of "
-            f"your {failed} failing cases): {mistake.explanation}")
-
-
-def _safe(case: Case, impl: Any) -> Any:
-    try:
-        return _outcome(case, impl)
-    except NotImplementedError as exc:
-        return _Raised(exc)
-
-
 def use_if_passed(result: GradeResult, mine: Any, reference: Any, what: str | None = None) -> Any:
     """Pick the learner's implementation if it passed, else the package's, and say which one runs on."""
     what = what or getattr(reference, "__name__", "implementation")
@@ -332,5 +360,7 @@ def use_if_passed(result: GradeResult, mine: Any, reference: Any, what: str | No
     return reference
 
 
-def format_exception(exc: BaseException) -> str:  # pragma: no cover - debugging helper
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+# The diagnosis (steps 1-5 of the module docstring) lives in its own module; it uses the outcome
+# classes above, so it is imported last. Re-exported here: graders and tests import them from here.
+from inflight.exercises.diagnosis import (MISTAKE_MIN_SHARE, Diagnosis, choose, find_pattern,  # noqa: E402
+                                          recognise_mistake, repeat_case)
