@@ -106,10 +106,12 @@ class StackAllocator(StarterAllocator):
         return taken
 
     def free(self, blocks):
+        wanted = {}
         for b in blocks:
             if b < 0 or b >= self.num_blocks:
                 raise ValueError("unknown")
-            if not self.ref_counts[b]:
+            wanted[b] = wanted.get(b, 0) + 1
+            if wanted[b] > self.ref_counts[b]:
                 raise ValueError("double")
         for b in blocks:
             self.ref_counts[b] -= 1
