@@ -150,4 +150,4 @@ def test_crashing_answer_fails_cleanly():
 
 def test_wrong_return_type_fails():
     res = check_serving_metrics(lambda tl: [1, 2, 3], quiet=True)
-    assert not res and "not a dict" in str(res.got)
+    assert not res and res.mistake == "returned a list" and "return a dict" in res.report
