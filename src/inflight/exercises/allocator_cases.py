@@ -253,7 +253,7 @@ TAGS = {
 
 
 # --- the cost: O(blocks touched), never a scan of the pool ---------------------------------------
-_SMALL, _BIG = 64, 4096
+_SMALL, _BIG = 64, 1024
 
 
 def _ops() -> list[tuple[str, Any]]:
@@ -291,7 +291,7 @@ def cost_case() -> Case:
 
 
 # --- the diagnosis of the first operation that went wrong ------------------------------------------
-def _clause(op: tuple, want: tuple, got: tuple, num_blocks: int) -> str:
+def _clause(op: tuple, want: tuple, got: tuple, num_blocks: int, earlier: list) -> str:
     """Which rule of the text the operation `op` broke, from the outcome wanted and the one given."""
     kind, shown = op[0], got[0]
     want_raised = want[1] == "raised"
@@ -312,6 +312,11 @@ def _clause(op: tuple, want: tuple, got: tuple, num_blocks: int) -> str:
         why = {"alloc": "this allocation fits: n <= num_free (asking for exactly the free blocks, or 0, is allowed)",
                "free_twice": "the block is held twice, so listing it twice in one call drops both references",
                "share": "incref of blocks in use is allowed"}.get(kind, "every id is held, so this free is allowed")
+        failed = [(j, e[0]) for j, e in enumerate(earlier) if e[1] == "raised"]
+        if failed and kind != "alloc":
+            j, text = failed[-1]
+            why += (f" — unless an earlier call changed something although it raised: operation {j}, {text}, raised "
+                    "as it should, and a call that raises must change nothing (check every id first)")
         return f"{shown} should succeed, yours raised {got[2]}: {why}."
     if want_raised and got_raised:
         return (f"{shown} should raise {want[2]}, yours raised {got[2]}: the text names the exception for each case "
@@ -335,5 +340,5 @@ def explain_trace(candidate: Any, failures: list) -> Diagnosis | None:
         if i >= len(expected) or got[i] == expected[i]:
             continue
         num_blocks, script = case.data
-        return Diagnosis(f"operation {i} breaks a rule", _clause(script[i], expected[i], got[i], num_blocks), case)
+        return Diagnosis(f"operation {i} breaks a rule", _clause(script[i], expected[i], got[i], num_blocks, expected[:i]), case)
     return None

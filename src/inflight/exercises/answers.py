@@ -172,6 +172,11 @@ def unchanged(before: Any, after: Any, what: str, why: str) -> None:
     """Raise `Flaw` when the learner's call changed an input (`before` is a snapshot taken before)."""
     if _equal_structure(before, after):
         return
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after) and \
+            sorted(map(repr, before)) == sorted(map(repr, after)):
+        raise Flaw("changed its input", f"{what} was reordered: {_short(before, 80)} became {_short(after, 80)}",
+                   f"your function reordered {what} in place (a .sort(), or a shuffle by hand). {why} Sort a copy "
+                   "(`sorted(x, key=...)`) or scan it without sorting.")
     from inflight.exercises.diff import describe_path, first_difference
 
     path = first_difference(before, after, _equal_structure) or []

@@ -9,11 +9,14 @@ models' shapes plus seeded random ones; the `Mistake`s are the classic slips.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import random
+from fractions import Fraction
 from typing import Any, Callable
 
 from inflight.exercises.answers import as_int, call_unchanged
-from inflight.exercises.grading import Case, GradeResult, Mistake, grade, repeat_case
+from inflight.exercises.grading import Case, Diagnosis, GradeResult, Mistake, grade, repeat_case
 
 __all__ = ["kv_bytes_per_token", "check_kv_bytes_per_token", "MODEL_SHAPES", "ModelConfig"]
 
@@ -79,7 +82,7 @@ def _tags(cfg: ModelConfig, nbytes: int) -> frozenset:
 
 def _case(name: str, cfg: ModelConfig, nbytes: int) -> Case:
     return Case(name, lambda f, c=cfg, b=nbytes: _run(f, c, b), f"config={dict(cfg)}, bytes_per_value={nbytes}",
-                tags=_tags(cfg, nbytes))
+                tags=_tags(cfg, nbytes), data=(cfg, nbytes))
 
 
 def _cases() -> list[Case]:
@@ -150,7 +153,104 @@ MISTAKES = [
 ]
 
 
+# -- what a wrong formula multiplies: a product of the config's fields, found by trying them -------
+_FIELDS = ("num_hidden_layers", "num_key_value_heads", "head_dim", "bytes_per_value", "num_attention_heads",
+           "hidden_size")
+_RIGHT = (1, 1, 1, 1, 0, 0)  # 2 x layers x kv heads x head_dim x bytes
+
+
+def _values(cfg: ModelConfig, nbytes: int) -> tuple[int, ...]:
+    return (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, nbytes, cfg.num_attention_heads,
+            cfg.hidden_size)
+
+
+def _product(rows: list[tuple], targets: list[float]) -> tuple[Fraction, tuple[int, ...]] | None:
+    """The constant and exponents (-1, 0 or 1 per field) of a product that gives every target, the one
+    closest to the right formula; None when no such product does."""
+    best = None
+    for exps in itertools.product((0, 1, -1), repeat=len(_FIELDS)):
+        base = [math.prod(v ** e for v, e in zip(row, exps) if e >= 0) /
+                math.prod(v for v, e in zip(row, exps) if e < 0) for row in rows]
+        const = Fraction(targets[0] / base[0]).limit_denominator(4096)
+        if const <= 0 or not all(math.isclose(t, float(const) * b, rel_tol=1e-9) for t, b in zip(targets, base)):
+            continue
+        distance = sum(e != r for e, r in zip(exps, _RIGHT)) + (const != 2)
+        if best is None or distance < best[0]:
+            best = (distance, const, exps)
+    return None if best is None else (best[1], best[2])
+
+
+def _formula(const: Fraction, exps: tuple[int, ...]) -> str:
+    top = [f for f, e in zip(_FIELDS, exps) if e > 0]
+    bottom = [f for f, e in zip(_FIELDS, exps) if e < 0]
+    text = " × ".join([str(const)] * (const != 1) + top) or "1"
+    return text + "".join(f" / {f}" for f in bottom)
+
+
+def _differences(const: Fraction, exps: tuple[int, ...]) -> list[str]:
+    e = dict(zip(_FIELDS, exps))
+    notes = []
+    if e["num_attention_heads"] == 1 and e["num_key_value_heads"] == 0:
+        notes.append("num_attention_heads where num_key_value_heads belongs (only the KV heads are cached)")
+        e["num_attention_heads"] = e["num_key_value_heads"] = None
+    if e["num_attention_heads"] == 1 and e["num_key_value_heads"] == -1:
+        notes.append("the group size num_attention_heads / num_key_value_heads where num_key_value_heads belongs")
+        e["num_attention_heads"] = e["num_key_value_heads"] = None
+    if e["hidden_size"] == 1 and e["head_dim"] == 0:
+        how = (" divided by num_attention_heads (not every model has head_dim × heads = hidden_size)"
+               if e["num_attention_heads"] == -1 else "")
+        notes.append(f"hidden_size{how} where head_dim belongs")
+        e["hidden_size"] = e["head_dim"] = None
+        if how:
+            e["num_attention_heads"] = None
+    for f, right in zip(_FIELDS, _RIGHT):
+        if e[f] is None or e[f] == right:
+            continue
+        notes.append(f"{f} is missing" if e[f] < right else f"an extra factor {f}" if e[f] > 0 else f"a division by {f}")
+    if const != 2:
+        notes.append(f"the constant is {const}, not 2 (one key and one value)")
+    return notes
+
+
+def _explain(candidate: Any, failures: list) -> Diagnosis | None:
+    """A wrong formula that is still a product of the config's fields, said field by field."""
+    rows, targets, right = [], [], []
+    for case in _cases()[:-1]:
+        cfg, nbytes = case.data
+        try:
+            got = case.run(candidate)
+        except Exception:
+            return None
+        rows.append(_values(cfg, nbytes))
+        targets.append(got)
+        right.append(kv_bytes_per_token(cfg, nbytes))
+    found = _product(rows, targets) if all(t > 0 for t in targets) else None
+    if found is None:
+        extra = [t - r for t, r in zip(targets, right)]
+        sign = 1 if all(x > 0 for x in extra) else -1 if all(x < 0 for x in extra) else 0
+        term = _product(rows, [abs(x) for x in extra]) if sign else None
+        if term is None:
+            return None
+        layer = term == (Fraction(2), (0, 1, 1, 1, 0, 0))
+        return Diagnosis("a term added or left out", f"on every case your answer is the right one "
+                         f"{'plus' if sign > 0 else 'minus'} {_formula(*term)}" + (
+                             ": exactly one layer's worth — count num_hidden_layers layers, no more, no fewer."
+                             if layer else ": find that term in your formula; the answer is a single product."),
+                         failures[0][0])
+    const, exps = found
+    if not any(exps):
+        return Diagnosis("the same answer for every model", f"your function returns {const} whatever the config and "
+                         "bytes_per_value: compute it from them (2 × num_hidden_layers × num_key_value_heads × "
+                         "head_dim × bytes_per_value).", failures[0][0])
+    notes = _differences(const, exps)
+    if not notes:
+        return None
+    return Diagnosis("a different product of the fields", f"on every case your answer equals {_formula(const, exps)}, "
+                     f"where the formula is 2 × num_hidden_layers × num_key_value_heads × head_dim × bytes_per_value: "
+                     + "; ".join(notes) + ".", failures[0][0])
+
+
 def check_kv_bytes_per_token(fn: Callable[[Any, float], int], *, quiet: bool = False) -> GradeResult:
     """Grade `kv_bytes_per_token(config, bytes_per_value)` on real and random model shapes."""
     return grade("KV cache bytes per token", fn, kv_bytes_per_token, _cases(), MISTAKES, quiet=quiet,
-                 tags=TAGS, factors=FACTORS)
+                 explain=_explain, tags=TAGS, factors=FACTORS)

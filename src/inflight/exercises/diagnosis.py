@@ -94,6 +94,10 @@ def _ask(hook: Callable, candidate: Any, failures: list) -> Diagnosis | None:
 # reproduced on >= 75 % of its failures (most on all of them; a few learner-style mutants carry a
 # second slip, e.g. a free() without a double-free check that also drops reference counts: 9 of 12).
 MISTAKE_MIN_SHARE = 0.75
+# ... and only when it does not fail many cases the learner gets right: a learner whose one failure
+# is a rounding of fractional memory costs is not "checking memory after admission" just because
+# that mistake also fails that one case (it fails four more that the learner passes).
+MISTAKE_MAX_CONTRADICTED = 0.25
 
 
 def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequence[Case],
@@ -102,7 +106,9 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
     """The known mistake that reproduces the candidate's wrong answers, with (reproduced, failed) counts.
 
     A mistake qualifies when it gives the candidate's answer on `failing` and on at least
-    `MISTAKE_MIN_SHARE` of the cases the candidate fails; the one reproducing the most failures
+    `MISTAKE_MIN_SHARE` of the cases the candidate fails, and fails no more than
+    `MISTAKE_MAX_CONTRADICTED` times as many cases as it reproduces among those the candidate passes;
+    the one reproducing the most failures
     wins (ties: the most agreement over all cases). None when no mistake qualifies. `mine`: the
     candidate's outcomes by case name, when the grader already has them.
     """
@@ -111,7 +117,9 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
         for c in cases:  # after one case that hangs, don't wait for the others
             hung = any(isinstance(v, grading._TimedOut) for v in mine.values())
             mine[c.name] = grading._TimedOut(grading.CodeTimeout("your code", 0)) if hung else _safe(c, candidate)
-    failed = [c for c in cases if not grading._same(mine[c.name], _safe(c, reference), hang=True)]
+    expected = {c.name: _safe(c, reference) for c in cases}
+    failed = [c for c in cases if not grading._same(mine[c.name], expected[c.name], hang=True)]
+    passed = [c for c in cases if c not in failed]
     best, best_key = None, (-1, -1)
     for mistake in mistakes:
         first = _safe(failing, mistake.impl)
@@ -119,8 +127,11 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
             continue
         theirs = {c.name: _safe(c, mistake.impl) for c in cases}
         reproduced = sum(grading._same(theirs[c.name], mine[c.name], hang=True) for c in failed)
+        # cases the learner gets right and the mistake gets wrong are evidence against it
+        contradicted = sum(not grading._same(theirs[c.name], expected[c.name], hang=True) for c in passed)
         key = (reproduced, sum(grading._same(theirs[c.name], mine[c.name], hang=True) for c in cases))
-        if reproduced >= MISTAKE_MIN_SHARE * len(failed) and key > best_key:
+        if (reproduced >= MISTAKE_MIN_SHARE * len(failed) and contradicted <= MISTAKE_MAX_CONTRADICTED * reproduced
+                and key > best_key):
             best, best_key = mistake, key
     return best, (max(best_key[0], 0), len(failed))
 
@@ -171,8 +182,23 @@ def find_pattern(cases: Sequence[Any], failures: list, tags: dict[str, tuple[str
     raised = [f for f in failures if isinstance(f[2], grading._Raised) and not isinstance(f[1], grading._Raised)]
     if raised and len(raised) == len(failures):
         return _by_exception(raised[0])
-    return (_by_tag(cases, failures, tags) or _by_number(failures, factors) or _by_kind(failures, short)
-            or (_by_exception(raised[0]) if raised else None))
+    return (_by_tag(cases, failures, tags) or _by_length(failures) or _by_number(failures, factors)
+            or _by_kind(failures, short) or (_by_exception(raised[0]) if raised else None))
+
+
+def _by_length(failures: list) -> Diagnosis | None:
+    """Answers that are lists of a different length than expected, on every failing case."""
+    lengths = [(len(e), len(g)) for c, e, g in failures  # (a trace that stops at a wrong step has depth 1)
+               if type(e) is list and type(g) is list and c.depth is None]
+    if not lengths or len(lengths) != len(failures) or any(a == b for a, b in lengths):
+        return None
+    case, expected, got = failures[0]
+    more = all(b > a for a, b in lengths)
+    fewer = all(b < a for a, b in lengths)
+    how = "more" if more else "fewer" if fewer else "a different number of"
+    return Diagnosis(f"{how} items than expected", f"on every case you fail your list has {how} items than the "
+                     f"right one (here {len(got)} instead of {len(expected)}): check which items your loop keeps "
+                     "or adds — one item per input, none skipped, none twice.", case)
 
 
 def _by_exception(failure: tuple) -> Diagnosis:
@@ -195,7 +221,8 @@ def _by_tag(cases: Sequence[Any], failures: list, tags: dict[str, tuple[str, str
     n_tagged, what, hint = best
     share = "all of them" if len(failures) == n_tagged else f"{len(failures)} of the {n_tagged}"
     return Diagnosis(f"you fail only where {what}",
-                     f"every case you fail has this ({share}), and you pass every case without it. {hint}",
+                     f"every case you fail has this ({share}), and you pass every case without it: "
+                     f"{hint[:1].lower()}{hint[1:]}",
                      failures[0][0])
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from inflight.engine.block_manager import blocks_needed, slot_mapping
 from inflight.exercises.answers import as_int, as_int_list, call_unchanged
-from inflight.exercises.grading import Case, GradeResult, Mistake, grade, repeat_case
+from inflight.exercises.grading import Case, Diagnosis, GradeResult, Mistake, grade, repeat_case
 from inflight.exercises.allocator_cases import TAGS as ALLOCATOR_TAGS
 from inflight.exercises.allocator_cases import allocator_cases, explain_trace
 from inflight.exercises.paged_allocators import ALLOCATOR_MISTAKES, ReferenceAllocator, StarterAllocator
@@ -114,7 +114,7 @@ def _slot_cases() -> list[Case]:
         specs.append((f"random scrambled table #{k}", table, list(range(start, n)), bs))
     cases = [Case(name, lambda f, t=t, p=p, bs=bs: _slots(f, t, p, bs),
                   f"block_table={t}, positions={p if len(p) <= 12 else str(p[:12])[:-1] + ', ...]'}, block_size={bs}",
-                  tags=_slot_tags(t, p, bs), unit="position") for name, t, p, bs in specs]
+                  tags=_slot_tags(t, p, bs), unit="position", data=(t, p, bs)) for name, t, p, bs in specs]
     return cases + [repeat_case(cases)]
 
 
@@ -180,9 +180,42 @@ SLOT_MAPPING_MISTAKES = [
 ]
 
 
+def _slot_parts(candidate: Callable, failures: list) -> Diagnosis | None:
+    """Which half of a slot is wrong — the block (through the table) or the offset inside it."""
+    pairs = []
+    for case, expected, got in failures:
+        if case.data is None or type(got) is not list or len(got) != len(expected):
+            continue
+        table, positions, bs = case.data
+        pairs += [(p, bs, divmod(e, bs), divmod(g, bs), case) for p, e, g in zip(positions, expected, got) if e != g]
+    if not pairs:
+        return None
+    for k in (1, -1, 2, -2):  # the slot of a neighbouring position: positions counted from 1, or a +1 too many
+        shifted = [(c.data[0], p + k, bs, got) for p, bs, _, (gb, go), c in pairs for got in [gb * bs + go]]
+        if all(0 <= q < len(t) * bs and t[q // bs] * bs + q % bs == g for t, q, bs, g in shifted):
+            p = pairs[0][0]
+            return Diagnosis("the slot of another position", f"each of your slots is the slot of position p {k:+d}, "
+                             f"not of p (for position {p} you return the slot of position {p + k}): positions are "
+                             "0-based and the slot of p uses p itself.", pairs[0][4])
+    blocks_ok = all(gb == eb for _, _, (eb, _), (gb, _), _ in pairs)
+    offsets_ok = all(go == eo for _, _, (_, eo), (_, go), _ in pairs)
+    p, bs, (eb, eo), (gb, go), case = pairs[0]
+    if offsets_ok and not blocks_ok:
+        return Diagnosis("right offset, wrong block", f"your slots sit at the right offset inside a block (p % "
+                         f"block_size) but in the wrong block: position {p} belongs in block {eb} (block_table[{p} // "
+                         f"{bs}]), yours is in block {gb}. Look up the block through the table, then multiply by "
+                         "block_size.", case)
+    if blocks_ok and not offsets_ok:
+        return Diagnosis("right block, wrong offset", f"your slots are in the right block but at the wrong offset "
+                         f"inside it: position {p} is at offset {eo} (= {p} % {bs}), yours at {go}. The offset inside "
+                         "the block is p % block_size.", case)
+    return None
+
+
 def check_slot_mapping(fn: Callable[[list, list, int], list], *, quiet: bool = False) -> GradeResult:
     """Grade `fn(block_table, positions, block_size) -> list[int]`: the cache slot of each position."""
-    return grade("slot_mapping", fn, slot_mapping, _slot_cases(), SLOT_MAPPING_MISTAKES, quiet=quiet, tags=SLOT_TAGS)
+    return grade("slot_mapping", fn, slot_mapping, _slot_cases(), SLOT_MAPPING_MISTAKES, quiet=quiet, tags=SLOT_TAGS,
+                 explain=_slot_parts)
 
 
 # --- the allocator -----------------------------------------------------------------------------------

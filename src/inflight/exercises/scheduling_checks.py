@@ -66,6 +66,10 @@ def _problem(policy: str, init: dict, script: tuple, steps: list) -> str | None:
             return f"{at} lists the same request twice: {ids}. Each running request gets one token per step."
         for rid in ids:
             r = by_id.get(rid)
+            twin = next((x for x in reqs if str(x.rid) == str(rid) and x.rid != rid), None)
+            if r is None and twin is not None:
+                return (f"{at} returned {_fmt(rid)} ({type(rid).__name__}), but that request was added as "
+                        f"{_fmt(twin.rid)} ({type(twin.rid).__name__}): return the ids exactly as they were added.")
             if r is None or r.added_before > k:
                 return (f"{at} processed {_fmt(rid)}, which " + ("was never added" if r is None else
                         f"is only added before step {r.added_before}") + ". Return the ids of the requests "

@@ -51,6 +51,20 @@ def _tpot_includes_ttft(timeline: Timeline, none_for_one: bool = False) -> dict[
     return out
 
 
+def _tpot_wait_over_gaps(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    out["tpot"] = {r["id"]: None if len(r["token_times"]) == 1
+                   else (r["token_times"][-1] - r["arrival"]) / (len(r["token_times"]) - 1) for r in timeline}
+    return out
+
+
+def _throughput_counts_gaps(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    span = max(r["token_times"][-1] for r in timeline) - min(r["arrival"] for r in timeline)
+    out["throughput"] = sum(len(r["token_times"]) - 1 for r in timeline) / span
+    return out
+
+
 def _ttft_from_zero(timeline: Timeline) -> dict[str, Any]:
     out = serving_metrics(timeline)
     out["ttft"] = {r["id"]: r["token_times"][0] for r in timeline}
@@ -129,6 +143,7 @@ MISTAKES = [  # the two TPOT slips twice: with a one-token request's TPOT left a
     Mistake("tpot divided by n", _TPOT_OVER_N, lambda tl: _tpot_over_n(tl, none_for_one=True)),
     Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_includes_ttft),
     Mistake("tpot includes the wait", _TPOT_WAIT, lambda tl: _tpot_includes_ttft(tl, none_for_one=True)),
+    Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_wait_over_gaps),
     Mistake("ttft from the clock's zero", "TTFT counts from the request's own arrival, not from the start of the "
             "run — with online arrivals a late request would look slow for nothing.", _ttft_from_zero),
     Mistake("prompt tokens counted", "Useful throughput counts generated tokens only; prompt tokens are input, "
@@ -146,6 +161,8 @@ MISTAKES = [  # the two TPOT slips twice: with a one-token request's TPOT left a
             "None there (a NaN poisons every mean it enters).", lambda tl: _single_token_tpot_zero(tl, float("nan"))),
     Mistake("milliseconds instead of seconds", "The timeline is in seconds and so are TTFT and TPOT: don't multiply "
             "by 1000 (the chapter converts to ms only when it prints).", _milliseconds),
+    Mistake("first tokens not counted", "Every generated token counts in throughput, the first one of each request "
+            "too: count len(token_times), not the gaps between them.", _throughput_counts_gaps),
     Mistake("requests per second", "Throughput here is generated TOKENS per second: count every token in "
             "token_times, not the requests.", _requests_per_second),
     Mistake("span from the list's first and last entries", "The timeline is not sorted by arrival or by finish: the "

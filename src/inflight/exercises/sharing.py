@@ -130,8 +130,44 @@ PREFIX_TAGS = {
 }
 
 
+def _prefix_count(failures: list) -> Diagnosis | None:
+    """With every key right: how the learner's token count relates to the hit and the cap."""
+    found = []
+    for case, expected, got in failures:
+        prompt, bs, cached = case.data
+        hit = 0
+        for k in block_keys(list(prompt), bs):
+            if k not in cached:
+                break
+            hit += 1
+        cap = (len(prompt) - 1) // bs
+        n = got[1]
+        if n % bs:
+            why = (f"{n} is not a whole number of blocks of {bs}: the cache hands out whole blocks, so the count is "
+                   "hit blocks × block_size")
+        elif n // bs > hit:
+            why = (f"you serve {n // bs} block(s) but only the first {hit} are a leading run of cached blocks: stop at "
+                   "the first miss")
+        elif n // bs > cap:
+            why = (f"you serve {n // bs} block(s) of a {len(prompt)}-token prompt, which leaves no token to compute: "
+                   f"cap the hit at (len(token_ids) - 1) // block_size = {cap} blocks")
+        else:
+            why = (f"you serve {n // bs} block(s) where {min(hit, cap)} are cached and allowed ({hit} leading blocks hit, "
+                   f"the cap is (len(token_ids) - 1) // block_size = {cap}): serve min(hit, cap) blocks")
+        found.append((case, why))
+    kinds = {why.split(":")[0].split(" ")[-1] for _, why in found}
+    case, why = found[0]
+    return Diagnosis("your keys are right, the token count is not",
+                     f"every key you return is right; on '{case.name}' {why}." +
+                     ("" if len(kinds) == 1 else " (Your other failing cases go wrong in other ways: compare them.)"),
+                     case)
+
+
 def _prefix_keys(candidate: Any, failures: list) -> Diagnosis | None:
-    """Where the learner's keys first go wrong, when they do (the token count is checked by mistakes)."""
+    """Where the learner's keys first go wrong, or, with every key right, what is wrong with the count."""
+    mine = [(c, e, g) for c, e, g in failures if isinstance(g, tuple) and c.data is not None]
+    if mine and all(e[0] == g[0] for _, e, g in mine):
+        return _prefix_count(mine)
     for case, expected, got in failures:
         if not isinstance(got, tuple) or case.data is None:
             continue
