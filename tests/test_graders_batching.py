@@ -69,6 +69,7 @@ def test_mutants_rejected_with_the_right_explanation(mutant, mistake):
     result = check_kv_bytes_per_token(mutant, quiet=True)
     assert not result
     assert result.mistake == mistake, result.report
+    assert result.report.count("💡") == 1 and "🤔" not in result.report  # one diagnosis, never contradicted
 
 
 def test_a_constant_answer_is_named_as_such():

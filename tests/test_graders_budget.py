@@ -121,6 +121,7 @@ def test_every_mistake_is_named_as_itself_with_measured_numbers():
         result = check_budget(mutant, quiet=True)
         assert not result, name
         assert result.mistake == name, (name, result.mistake, result.report)
+        assert result.report.count("💡") == 1 and "🤔" not in result.report
         assert words in result.explanation, (name, result.explanation)
         assert any(ch.isdigit() for ch in result.explanation), "explanations quote measured numbers"
 

@@ -137,6 +137,7 @@ def test_mutants_are_caught_and_explained(mutant, mistake):
     res = check_serving_metrics(mutant, quiet=True)
     assert not res
     assert res.mistake == mistake, (res.mistake, res.report)
+    assert res.report.count("💡") == 1 and "🤔" not in res.report
     assert res.explanation
 
 
