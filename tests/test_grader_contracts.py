@@ -84,6 +84,10 @@ def blocks_loop(n, bs):  # correct, slowly
     return k
 
 
+def blocks_rounding_trick(n, bs):  # round(x + 0.49) is not a ceiling when x is 1/128 past an integer
+    return round(n / bs + 0.49)
+
+
 def slots_numpy(table, positions, bs):  # correct: an array of numpy ints
     p = np.asarray(positions, dtype=np.int64)
     return np.asarray(table)[p // bs] * bs + p % bs
@@ -529,6 +533,19 @@ def metrics_ms(timeline):
     return out
 
 
+def metrics_ttft_from_first_listed(timeline):
+    out = _metrics(timeline)
+    out["ttft"] = {r["id"]: r["token_times"][0] - timeline[0]["arrival"] for r in timeline}
+    return out
+
+
+def metrics_throughput_per_request_mean(timeline):  # a mean of rates over the whole run: no known slip
+    def rate(tl):
+        end = max(r["token_times"][-1] for r in tl)
+        return statistics.mean(len(r["token_times"]) / (end - r["arrival"]) for r in tl) * len(tl) / 2
+    return _metrics(timeline, throughput=rate)
+
+
 def metrics_ttft_as_list(timeline):
     out = _metrics(timeline)
     out["ttft"] = list(out["ttft"].values())
@@ -627,6 +644,8 @@ WRONG = [
     (check_kv_bytes_per_token, kv_extra_layer, "a term added or left out"),
     (check_blocks_needed, blocks_true_division, "returned a float"),
     (check_blocks_needed, blocks_minus_one, "one block too few"),
+    (check_blocks_needed, blocks_rounding_trick,
+     "you fail only where the last block is only partly filled (17 tokens in blocks of 16)"),
     (check_slot_mapping, slots_last_block, "every token in the last block"),
     (check_slot_mapping, slots_sorted_table, "right offset, wrong block"),
     (check_slot_mapping, slots_sorts_table_in_place, "changed its input"),
@@ -664,6 +683,8 @@ WRONG = [
     (check_serving_metrics, metrics_sorts_timeline, "changed its input"),
     (check_serving_metrics, metrics_ms, "milliseconds instead of seconds"),
     (check_serving_metrics, metrics_ttft_as_list, "ttft is not a dict"),
+    (check_serving_metrics, metrics_ttft_from_first_listed, "ttft from the first arrival"),
+    (check_serving_metrics, metrics_throughput_per_request_mean, "only throughput is wrong"),
     (check_prefix_hit, prefix_one_block_short, "your keys are right, the token count is not"),
     (check_prefix_hit, prefix_whole_prefix_hashed, "key 1 is wrong while key 0 is right"),
     (check_prefix_hit, prefix_hex_keys, "keys that are not bytes"),

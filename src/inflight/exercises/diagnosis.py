@@ -177,13 +177,38 @@ def _try(case: Case, impl: Any) -> Any:
 
 # --- step 5: patterns in the failures ------------------------------------------------------------
 def find_pattern(cases: Sequence[Any], failures: list, tags: dict[str, tuple[str, str]],
-                 factors: dict[float, str], short: Callable[[Any, int], str]) -> Diagnosis | None:
+                 factors: dict[float, str], short: Callable[[Any, int], str],
+                 fields: dict[str, str] | None = None) -> Diagnosis | None:
     """The first pattern (module docstring) that every failure shows, or None."""
     raised = [f for f in failures if isinstance(f[2], grading._Raised) and not isinstance(f[1], grading._Raised)]
     if raised and len(raised) == len(failures):
         return _by_exception(raised[0])
-    return (_by_tag(cases, failures, tags) or _by_length(failures) or _by_number(failures, factors)
-            or _by_kind(failures, short) or (_by_exception(raised[0]) if raised else None))
+    return (_by_tag(cases, failures, tags) or _by_field(failures, fields or {}, short) or _by_length(failures)
+            or _by_number(failures, factors) or _by_kind(failures, short)
+            or (_by_exception(raised[0]) if raised else None))
+
+
+def _by_field(failures: list, rules: dict[str, str], short: Callable[[Any, int], str]) -> Diagnosis | None:
+    """Answers made of named parts (a dict's keys) where only one part is ever wrong."""
+    if not rules or not all(type(e) is dict and type(g) is dict and e.keys() == g.keys() for _, e, g in failures):
+        return None
+    wrong = {k for _, e, g in failures for k in e if not same_values(e[k], g[k])}
+    if len(wrong) != 1:
+        return None
+    key = wrong.pop()
+    others = [k for k in failures[0][1] if k != key]
+    case, e, g = next(f for f in failures if not same_values(f[1][key], f[2][key]))
+    path = first_difference(e[key], g[key]) or []
+    where, want, have = f"[{key!r}]", e[key], g[key]
+    try:
+        for p in path:
+            where, want, have = where + f"[{p!r}]", want[p], have[p]
+    except Exception:
+        where, want, have = f"[{key!r}]", e[key], g[key]
+    rule = f" {key} is {rules[key]}." if key in rules else ""
+    return Diagnosis(f"only {key} is wrong", f"{' and '.join(map(str, others))} are right on every case, {key} is "
+                     f"not: on '{case.name}' {where} should be {short(want, 60)}, yours is {short(have, 60)}.{rule}",
+                     case)
 
 
 def _by_length(failures: list) -> Diagnosis | None:

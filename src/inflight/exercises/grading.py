@@ -272,13 +272,15 @@ def grade(
     explain: Callable[[Any, list], Any] | None = None,
     tags: dict[str, tuple[str, str]] | None = None,
     factors: dict[float, str] | None = None,
+    fields: dict[str, str] | None = None,
 ) -> GradeResult:
     """Run every case on `candidate` and `reference`; report the first difference and ONE diagnosis
     (see the module docstring). Keyword arguments (all optional, all exercise-specific knowledge):
     `diagnose(candidate, failures)` a structural check returning a `Diagnosis` or None, where
     `failures` is a list of `(case, expected, got)`; `explain(candidate, failures)` the same, asked
     only when no known mistake matched (an invariant the answers break); `tags` {tag: (what the cases have, hint)} for the
-    cases' `tags`; `factors` {ratio: meaning} for answers that are a constant multiple of the right one."""
+    cases' `tags`; `factors` {ratio: meaning} for answers that are a constant multiple of the right one;
+    `fields` {key: its rule} for dict answers of which one key alone may be wrong."""
     n_passed = 0
     failures: list[tuple[Case, Any, Any]] = []
     mine: dict[str, Any] = {}
@@ -313,7 +315,7 @@ def grade(
         return result
 
     found = choose(candidate, reference, cases, mistakes, failures, mine, diagnose, explain)
-    found = found or find_pattern(cases, failures, tags or {}, factors or {}, _short)
+    found = found or find_pattern(cases, failures, tags or {}, factors or {}, _short, fields)
     shown = found.case if found and found.case is not None else failures[0][0]
     case, expected, got = next(f for f in failures if f[0] is shown)
     label = "First failing case" if case is failures[0][0] else "Failing case"

@@ -24,7 +24,9 @@ __all__ = ["check_blocks_needed", "check_slot_mapping", "check_allocator", "Star
 # --- blocks needed -----------------------------------------------------------------------------------
 def _blocks_cases() -> list[Case]:
     pairs = [(0, 16), (1, 16), (15, 16), (16, 16), (17, 16), (32, 16), (33, 16), (1, 1), (5, 1), (7, 8),
-             (8, 8), (9, 8), (100, 32), (128, 32), (129, 32), (4096, 16)]
+             (8, 8), (9, 8), (100, 32), (128, 32), (129, 32), (4096, 16),
+             # one token past a boundary with big blocks: a rounding trick (`round(n / bs + 0.49)`) misses them
+             (1, 128), (129, 128), (65, 64), (1, 64), (191, 128)]
     rng = random.Random("blocks-needed")
     pairs += [(rng.randint(0, 5000), rng.choice([1, 2, 8, 16, 32, 64, 128])) for _ in range(40)]
     cases = [Case(f"blocks_needed({n}, {bs})", lambda f, n=n, bs=bs: _blocks(f, n, bs),

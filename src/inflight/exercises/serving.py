@@ -144,6 +144,10 @@ MISTAKES = [  # the two TPOT slips twice: with a one-token request's TPOT left a
     Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_includes_ttft),
     Mistake("tpot includes the wait", _TPOT_WAIT, lambda tl: _tpot_includes_ttft(tl, none_for_one=True)),
     Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_wait_over_gaps),
+    Mistake("ttft from the first arrival", "TTFT counts from the request's OWN arrival: measuring every request "
+            "from the first one's arrival charges it the time before it even existed.",
+            lambda tl: {**serving_metrics(tl), "ttft": {r["id"]: r["token_times"][0] - min(x["arrival"] for x in tl)
+                                                        for r in tl}}),
     Mistake("ttft from the clock's zero", "TTFT counts from the request's own arrival, not from the start of the "
             "run — with online arrivals a late request would look slow for nothing.", _ttft_from_zero),
     Mistake("prompt tokens counted", "Useful throughput counts generated tokens only; prompt tokens are input, "
@@ -234,6 +238,10 @@ TAGS = {
     "int ids": ("the request ids are integers", "key ttft and tpot by each request's own id, whatever its type."),
 }
 
+RULES = {"ttft": "each request's first token time minus that request's own arrival",
+         "tpot": "(last token − first token) / (number of tokens − 1) per request, None for a single token",
+         "throughput": "all generated tokens / (the latest token time − the earliest arrival)"}
+
 FACTORS = {1000.0: "your times are in milliseconds: the timeline and the answer are in seconds.",
            0.001: "your rate is per millisecond: throughput is tokens per second."}
 
@@ -292,4 +300,5 @@ def cases(seed: int = 0, n_random: int = 12) -> list[Case]:
 
 def check_serving_metrics(fn: Callable[[Timeline], dict], quiet: bool = False) -> GradeResult:
     """Grade the learner's `serving_metrics(timeline)`."""
-    return grade("serving_metrics", fn, serving_metrics, cases(), MISTAKES, quiet=quiet, tags=TAGS, factors=FACTORS)
+    return grade("serving_metrics", fn, serving_metrics, cases(), MISTAKES, quiet=quiet, tags=TAGS, factors=FACTORS,
+                 fields=RULES)
