@@ -1,11 +1,14 @@
 """The diagnosis line of a failure report: which one thing is most likely wrong.
 
-`choose` goes through steps 1-4 of `inflight.exercises.grading`'s list (a wrong type, the
-exercise's structural check, a known mistake, another finding of a case); `find_pattern` through
-step 5, the patterns any grader can see in its failures without knowing the exercise:
+`choose` goes through steps 1-5 of `inflight.exercises.grading`'s list (a wrong type, the
+exercise's structural check, a known mistake, a rule the answers break, another finding of a
+case); `find_pattern` through step 6, the patterns any grader can see in its failures without
+knowing the exercise:
 
 * every failing case carries one tag that passing cases don't all carry ("num_tokens is an exact
   multiple of block_size"): the bug is in how the code treats that situation;
+* only one part of a dict answer is ever wrong ("only throughput is wrong");
+* the answer is a list of the wrong length on every failing case;
 * on every failing case the answer (or its first differing number) is the same multiple of the
   right one (a factor missing, bits for bytes, milliseconds for seconds) or off by the same amount
   (an off-by-one);
@@ -53,7 +56,7 @@ class Diagnosis:
 def choose(candidate: Any, reference: Any, cases: Sequence[Case], mistakes: Sequence[Mistake],
            failures: list, mine: dict, diagnose: Callable | None = None,
            explain: Callable | None = None) -> Diagnosis | None:
-    """Steps 1-4 of `inflight.exercises.grading`'s list (`explain` between 3 and 4)."""
+    """Steps 1-5 of `inflight.exercises.grading`'s list."""
     flawed = [(c, got.flaw) for c, _, got in failures if isinstance(got, grading._Flawed)]
     for c, flaw in flawed:
         if flaw.first:

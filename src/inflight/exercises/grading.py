@@ -8,11 +8,14 @@ compares the results, and — when a case fails — prints the first difference 
 2. the exercise's own structural check (`grade(..., diagnose=...)`: "your step() never calls preempt");
 3. a known mistake (a `Mistake`: a small, deliberately wrong implementation) that behaves like the
    learner's code across the cases, not on one case alone (see `recognise_mistake`);
-4. another finding of a case (`Flaw`: an input changed, the pool scanned, state kept across calls);
-5. a pattern in the failures (`inflight.exercises.diagnosis`): every failing case shares a property
-   (a tag: "num_tokens is an exact multiple of block_size"), a constant factor or offset, a value of
-   the wrong kind, an exception and the learner's line that raised it;
-6. otherwise it says it does not know the mistake rather than guess.
+4. a rule of the exercise the answers break (`grade(..., explain=...)`: "step 3 admitted C while B,
+   added before it, was waiting"; "right offset, wrong block");
+5. another finding of a case (`Flaw`: an input changed, the pool scanned, state kept across calls);
+6. a pattern in the failures (`inflight.exercises.diagnosis`): every failing case shares a property
+   (a tag: "num_tokens is an exact multiple of block_size"), only one part of the answer is wrong, a
+   list of the wrong length, a constant factor or offset, a value of the wrong kind, an exception
+   and the learner's line that raised it;
+7. otherwise it says it does not know the mistake rather than guess.
 
 The result is a `GradeResult`, truthy when every case passed.
 
@@ -57,7 +60,7 @@ class Case:
     name: str
     run: Callable[[Any], Any]
     describe: str = ""  # what the case feeds in, shown when it fails
-    tags: frozenset = frozenset()  # properties of the input ("exact multiple", "a tie"): see diagnosis.by_tag
+    tags: frozenset = frozenset()  # properties of the input ("exact multiple", "a tie"): see grade(tags=...)
     unit: str | None = None  # what the items of a list result are called in the report ("step", "operation")
     fields: tuple[str, ...] | None = None  # names of the items of a tuple result ("keys", "num_cached_tokens")
     depth: int | None = None  # how deep the report looks for the first difference (1: a step's list as a whole)
@@ -278,9 +281,10 @@ def grade(
     (see the module docstring). Keyword arguments (all optional, all exercise-specific knowledge):
     `diagnose(candidate, failures)` a structural check returning a `Diagnosis` or None, where
     `failures` is a list of `(case, expected, got)`; `explain(candidate, failures)` the same, asked
-    only when no known mistake matched (an invariant the answers break); `tags` {tag: (what the cases have, hint)} for the
-    cases' `tags`; `factors` {ratio: meaning} for answers that are a constant multiple of the right one;
-    `fields` {key: its rule} for dict answers of which one key alone may be wrong."""
+    only when no known mistake matched (a rule the answers break); `tags` {tag: (what the cases
+    have, hint)} for the cases' `tags`; `factors` {ratio: meaning} for answers that are a constant
+    multiple of the right one; `fields` {key: its rule} for dict answers one key of which may be
+    the only one wrong."""
     n_passed = 0
     failures: list[tuple[Case, Any, Any]] = []
     mine: dict[str, Any] = {}
