@@ -201,13 +201,8 @@ def _by_field(failures: list, rules: dict[str, str], short: Callable[[Any, int],
     key = wrong.pop()
     others = [k for k in failures[0][1] if k != key]
     case, e, g = next(f for f in failures if not same_values(f[1][key], f[2][key]))
-    path = first_difference(e[key], g[key]) or []
-    where, want, have = f"[{key!r}]", e[key], g[key]
-    try:
-        for p in path:
-            where, want, have = where + f"[{p!r}]", want[p], have[p]
-    except Exception:
-        where, want, have = f"[{key!r}]", e[key], g[key]
+    path, want, have = _leaves(e[key], g[key]) or ([], e[key], g[key])
+    where = f"[{key!r}]" + "".join(f"[{p!r}]" for p in path)
     rule = f" {key} is {rules[key]}." if key in rules else ""
     return Diagnosis(f"only {key} is wrong", f"{' and '.join(map(str, others))} are right on every case, {key} is "
                      f"not: on '{case.name}' {where} should be {short(want, 60)}, yours is {short(have, 60)}.{rule}",
@@ -254,16 +249,25 @@ def _by_tag(cases: Sequence[Any], failures: list, tags: dict[str, tuple[str, str
                      failures[0][0])
 
 
+def _leaves(expected: Any, got: Any) -> tuple[list, Any, Any] | None:
+    """The path to the first difference and the two values there (None if they can't be reached)."""
+    path = first_difference(expected, got) or []
+    e, g = expected, got
+    try:
+        for p in path:
+            e, g = e[p], g[p]
+    except Exception:
+        return None
+    return path, e, g
+
+
 def _numbers_at_first_difference(failures: list) -> list[tuple[float, float]] | None:
     pairs = []
     for _, expected, got in failures:
-        path = first_difference(expected, got) or []
-        e, g = expected, got
-        try:
-            for p in path:
-                e, g = e[p], g[p]
-        except Exception:
+        found = _leaves(expected, got)
+        if found is None:
             return None
+        _, e, g = found
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (e, g)):
             return None
         pairs.append((e, g))
@@ -331,13 +335,10 @@ def _by_kind(failures: list, short: Callable[[Any, int], str]) -> Diagnosis | No
     case, expected, got = failures[0]
     if isinstance(got, (grading._Raised, grading._Flawed)):
         return None
-    path = first_difference(expected, got) or []
-    e, g = expected, got
-    try:
-        for p in path:
-            e, g = e[p], g[p]
-    except Exception:
+    found = _leaves(expected, got)
+    if found is None:
         return None
+    path, e, g = found
     numbers = (int, float)
     if type(e) is type(g) or (isinstance(e, numbers) and isinstance(g, numbers)
                               and not isinstance(e, bool) and not isinstance(g, bool)):
