@@ -16,6 +16,8 @@ import operator
 from collections.abc import Iterator, Mapping
 from typing import Any, Iterable
 
+from inflight.exercises.diff import _is_bool, describe_path, first_difference, type_name
+
 __all__ = ["Flaw", "type_name", "as_int", "as_number", "as_optional_number", "as_int_list", "as_list",
            "unchanged", "snapshot", "call_unchanged"]
 
@@ -37,27 +39,6 @@ def _short(value: Any, limit: int = 60) -> str:
     except Exception:  # a learner's __repr__ may raise
         text = f"<a {type(value).__name__} whose repr() failed>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
-
-
-def type_name(value: Any) -> str:
-    """"a float", "a numpy float64", "None", "a generator" — the words a report uses for a type."""
-    if value is None:
-        return "None"
-    cls = type(value)
-    module = cls.__module__.split(".")[0]
-    name = cls.__name__
-    if module == "numpy":
-        return "a numpy array" if name == "ndarray" else f"a numpy {name}"
-    if module == "torch":
-        return "a torch tensor" if name == "Tensor" else f"a torch {name}"
-    if _is_bool(value):
-        return "a bool"
-    article = "an" if name[:1].lower() in "aeiou" else "a"
-    return f"{article} {name}"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -177,8 +158,6 @@ def unchanged(before: Any, after: Any, what: str, why: str) -> None:
         raise Flaw("changed its input", f"{what} was reordered: {_short(before, 80)} became {_short(after, 80)}",
                    f"your function reordered {what} in place (a .sort(), or a shuffle by hand). {why} Sort a copy "
                    "(`sorted(x, key=...)`) or scan it without sorting.")
-    from inflight.exercises.diff import describe_path, first_difference
-
     path = first_difference(before, after, _equal_structure) or []
     place, was, now = what, before, after
     try:

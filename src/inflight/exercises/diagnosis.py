@@ -21,43 +21,24 @@ says it does not know the mistake.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from inflight.exercises import grading
+from inflight.exercises import outcomes
 from inflight.exercises.answers import Flaw, type_name
 from inflight.exercises.diff import describe_path, first_difference, same_values
 
-if TYPE_CHECKING:
-    from inflight.exercises.grading import Case, Mistake
+from inflight.exercises.outcomes import Case, Diagnosis, Mistake
+from inflight.exercises.timelimit import CodeTimeout, call_with_time_limit
 
 __all__ = ["Diagnosis", "choose", "find_pattern", "recognise_mistake", "repeat_case", "MISTAKE_MIN_SHARE"]
-
-
-@dataclass
-class Diagnosis:
-    """What the report says is wrong: a title, the explanation, and the failing case it is about."""
-
-    name: str
-    explanation: str
-    case: Case | None = None
-    kind: str = "pattern"  # "type", "structure", "mistake", "flaw", "pattern"
-    counts: tuple[int, int] = (0, 0)  # for a mistake: (failures it reproduces, failures)
-
-    def line(self) -> str:
-        if self.kind == "mistake":
-            reproduced, failed = self.counts
-            return (f"💡 This looks like a classic mistake — {self.name} (it gives your answer on {reproduced} of "
-                    f"your {failed} failing cases): {self.explanation}")
-        return f"💡 {self.name[:1].upper()}{self.name[1:]}: {self.explanation}"
 
 
 def choose(candidate: Any, reference: Any, cases: Sequence[Case], mistakes: Sequence[Mistake],
            failures: list, mine: dict, diagnose: Callable | None = None,
            explain: Callable | None = None) -> Diagnosis | None:
     """Steps 1-5 of `inflight.exercises.grading`'s list."""
-    flawed = [(c, got.flaw) for c, _, got in failures if isinstance(got, grading._Flawed)]
+    flawed = [(c, got.flaw) for c, _, got in failures if isinstance(got, outcomes._Flawed)]
     for c, flaw in flawed:
         if flaw.first:
             return Diagnosis(flaw.name, flaw.hint, c, kind="type")
@@ -66,7 +47,7 @@ def choose(candidate: Any, reference: Any, cases: Sequence[Case], mistakes: Sequ
         if found is not None:
             found.kind = "structure" if found.kind == "pattern" else found.kind
             return found
-    plain = [f for f in failures if not isinstance(f[2], grading._Flawed)]
+    plain = [f for f in failures if not isinstance(f[2], outcomes._Flawed)]
     if plain and mistakes:
         mistake, counts = recognise_mistake(candidate, reference, plain[0][0], cases, mistakes, mine=mine)
         if mistake is not None:
@@ -85,8 +66,8 @@ def _ask(hook: Callable, candidate: Any, failures: list) -> Diagnosis | None:
     """An exercise's own check, on answers that may hold the learner's strange objects: one that
     raises or hangs inside it gives no diagnosis rather than a broken report."""
     try:
-        return grading.call_with_time_limit(hook, candidate, failures)
-    except (Exception, grading.CodeTimeout):
+        return call_with_time_limit(hook, candidate, failures)
+    except (Exception, CodeTimeout):
         return None
 
 
@@ -118,21 +99,21 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
     if mine is None:
         mine = {}
         for c in cases:  # after one case that hangs, don't wait for the others
-            hung = any(isinstance(v, grading._TimedOut) for v in mine.values())
-            mine[c.name] = grading._TimedOut(grading.CodeTimeout("your code", 0)) if hung else _safe(c, candidate)
+            hung = any(isinstance(v, outcomes._TimedOut) for v in mine.values())
+            mine[c.name] = outcomes._TimedOut(CodeTimeout("your code", 0)) if hung else _safe(c, candidate)
     expected = {c.name: _safe(c, reference) for c in cases}
-    failed = [c for c in cases if not grading._same(mine[c.name], expected[c.name], hang=True)]
+    failed = [c for c in cases if not outcomes.same(mine[c.name], expected[c.name], hang=True)]
     passed = [c for c in cases if c not in failed]
     best, best_key = None, (-1, -1)
     for mistake in mistakes:
         first = _safe(failing, mistake.impl)
-        if not grading._same(first, mine[failing.name], hang=True):
+        if not outcomes.same(first, mine[failing.name], hang=True):
             continue
         theirs = {c.name: _safe(c, mistake.impl) for c in cases}
-        reproduced = sum(grading._same(theirs[c.name], mine[c.name], hang=True) for c in failed)
+        reproduced = sum(outcomes.same(theirs[c.name], mine[c.name], hang=True) for c in failed)
         # cases the learner gets right and the mistake gets wrong are evidence against it
-        contradicted = sum(not grading._same(theirs[c.name], expected[c.name], hang=True) for c in passed)
-        key = (reproduced, sum(grading._same(theirs[c.name], mine[c.name], hang=True) for c in cases))
+        contradicted = sum(not outcomes.same(theirs[c.name], expected[c.name], hang=True) for c in passed)
+        key = (reproduced, sum(outcomes.same(theirs[c.name], mine[c.name], hang=True) for c in cases))
         if (reproduced >= MISTAKE_MIN_SHARE * len(failed) and contradicted <= MISTAKE_MAX_CONTRADICTED * reproduced
                 and key > best_key):
             best, best_key = mistake, key
@@ -141,9 +122,9 @@ def recognise_mistake(candidate: Any, reference: Any, failing: Case, cases: Sequ
 
 def _safe(case: Case, impl: Any) -> Any:
     try:
-        return grading._outcome(case, impl)
+        return outcomes.outcome(case, impl)
     except NotImplementedError as exc:
-        return grading._Raised(exc)
+        return outcomes._Raised(exc)
 
 
 def repeat_case(cases: Sequence[Case], picks: Sequence[int] = (0, 1, 2)) -> Case:
@@ -158,14 +139,14 @@ def repeat_case(cases: Sequence[Case], picks: Sequence[int] = (0, 1, 2)) -> Case
         for c, a, b in zip(chosen, first, again):
             if not same_values(a, b):
                 raise Flaw("state kept across calls",
-                           f"on '{c.name}' it answered {grading._short(a, 80)} the first time and {grading._short(b, 80)} when asked again",
+                           f"on '{c.name}' it answered {outcomes.short(a, 80)} the first time and {outcomes.short(b, 80)} when asked again",
                            "your function answers the same input differently the second time, so it keeps state "
                            "between calls: a global or module-level variable, a mutable default argument "
                            "(`def f(x, seen=[])`), a cache or a counter. Compute the answer from the call's "
                            "arguments alone.")
         return "the same answers when asked again"
 
-    return grading.Case("the same inputs again", run, "the first cases once more, in reverse order, after all the others")
+    return outcomes.Case("the same inputs again", run, "the first cases once more, in reverse order, after all the others")
 
 
 def _try(case: Case, impl: Any) -> Any:
@@ -183,7 +164,7 @@ def find_pattern(cases: Sequence[Any], failures: list, tags: dict[str, tuple[str
                  factors: dict[float, str], short: Callable[[Any, int], str],
                  fields: dict[str, str] | None = None) -> Diagnosis | None:
     """The first pattern (module docstring) that every failure shows, or None."""
-    raised = [f for f in failures if isinstance(f[2], grading._Raised) and not isinstance(f[1], grading._Raised)]
+    raised = [f for f in failures if isinstance(f[2], outcomes._Raised) and not isinstance(f[1], outcomes._Raised)]
     if raised and len(raised) == len(failures):
         return _by_exception(raised[0])
     return (_by_tag(cases, failures, tags) or _by_field(failures, fields or {}, short) or _by_length(failures)
@@ -333,7 +314,7 @@ def _by_number(failures: list, factors: dict[float, str]) -> Diagnosis | None:
 
 def _by_kind(failures: list, short: Callable[[Any, int], str]) -> Diagnosis | None:
     case, expected, got = failures[0]
-    if isinstance(got, (grading._Raised, grading._Flawed)):
+    if isinstance(got, (outcomes._Raised, outcomes._Flawed)):
         return None
     found = _leaves(expected, got)
     if found is None:

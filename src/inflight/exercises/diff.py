@@ -14,10 +14,31 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-__all__ = ["same_values", "first_difference", "describe_path", "window", "FLOAT_REL_TOL"]
+__all__ = ["same_values", "first_difference", "describe_path", "window", "type_name", "FLOAT_REL_TOL"]
 
 FLOAT_REL_TOL = 1e-9
 _MISSING = object()
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
+def type_name(value: Any) -> str:
+    """"a float", "a numpy float64", "None", "a generator" — the words a report uses for a type."""
+    if value is None:
+        return "None"
+    cls = type(value)
+    module = cls.__module__.split(".")[0]
+    name = cls.__name__
+    if module == "numpy":
+        return "a numpy array" if name == "ndarray" else f"a numpy {name}"
+    if module == "torch":
+        return "a torch tensor" if name == "Tensor" else f"a torch {name}"
+    if _is_bool(value):
+        return "a bool"
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    return f"{article} {name}"
 
 
 def _is_float(x: Any) -> bool:
@@ -166,5 +187,4 @@ def _type_note(e: Any, g: Any) -> str:
     te, tg = type(e), type(g)
     if te is tg:
         return ""
-    from inflight.exercises.answers import type_name
     return f" ({type_name(e)} expected, {type_name(g)} given)"
