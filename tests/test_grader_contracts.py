@@ -292,6 +292,18 @@ class HeapFifo(Sched):  # correct: FIFO kept by a sequence number in a heap; ret
         return tuple(self.tick())
 
 
+class StaticBySlices(Sched):  # correct static batching: a list as the queue, slices, a tuple back
+    def __init__(self, max_batch_size, max_memory=None):
+        super().__init__(max_batch_size, max_memory)
+        self.queue = []
+
+    def step(self):
+        if not self.batch:
+            chosen, self.queue = self.queue[: self.max_batch_size], self.queue[self.max_batch_size:]
+            self.batch = {rid: [n, c] for rid, n, c in chosen}
+        return tuple(self.tick())
+
+
 class ClassLevelQueue(Sched):  # the queue lives on the class: every scheduler shares it
     queue = deque()
 
@@ -497,6 +509,13 @@ def metrics_numpy(timeline):  # correct: numpy means of the gaps, numpy floats
     return out
 
 
+def metrics_float32(timeline):  # correct, in numpy float32: a relative error of ~1e-7
+    out = _metrics(timeline)
+    out["ttft"] = {k: np.float32(v) for k, v in out["ttft"].items()}
+    out["throughput"] = np.float32(out["throughput"])
+    return out
+
+
 def metrics_statistics(timeline):  # correct: statistics.mean of the gaps, in a different order
     out = _metrics(list(reversed(timeline)))
     out["tpot"] = {r["id"]: statistics.mean(b - a for a, b in zip(r["token_times"], r["token_times"][1:]))
@@ -628,8 +647,10 @@ RIGHT = [
     (check_slot_mapping, slots_numpy), (check_slot_mapping, slots_generator),
     (check_allocator, Right), (check_allocator, HeapAllocator),
     (check_continuous_scheduler, HeapFifo), (check_memory_scheduler, HeapFifo),
+    (check_static_scheduler, StaticBySlices),
     (check_budget, budget_numpy),
     (check_serving_metrics, metrics_numpy), (check_serving_metrics, metrics_statistics),
+    (check_serving_metrics, metrics_float32),
     (check_prefix_hit, prefix_tuple_style),
     (check_choose_victim, victim_loop), (check_choose_victim, victim_sorted_copy),
 ]
