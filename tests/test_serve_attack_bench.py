@@ -68,6 +68,11 @@ class _OddHandler(socketserver.BaseRequestHandler):
         while b"\r\n\r\n" not in data:
             data += sock.recv(65536)
         head, _, body = data.partition(b"\r\n\r\n")
+        if head.startswith(b"GET /v1/models"):  # a server that wants a key the client does not have
+            err = b'{"error": {"message": "invalid or missing API key", "type": "authentication_error"}}'
+            sock.sendall(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (len(err), err))
+            return
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
         while len(body) < length:
             body += sock.recv(65536)
@@ -137,3 +142,38 @@ def test_the_benchmark_counts_completed_and_failed_requests(odd_server):
     assert r["total_output_tokens"] == 3 * len(TEXT) and sum(len(i) for i in r["itls"][::2]) == 3 * (len(TEXT) - 1)
     assert [bool(e) for e in r["errors"]] == [False, True, False, True, False]
 
+
+
+def _closed_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"percentiles": [50, 150]}, "between 0 and 100"),   # (numpy refused it only after the whole run)
+    ({"percentiles": [float("nan")]}, "between 0 and 100"),
+    ({"max_concurrency": 0}, "max_concurrency must be a positive integer"),  # (0 meant: no limit)
+    ({"max_concurrency": -2}, "max_concurrency must be a positive integer"),
+    ({"request_rate": float("nan")}, "must be positive"),
+    ({"request_rate": float("inf"), "burstiness": -1.0}, "must be positive"),
+    ({"requests": []}, "no requests to send"),          # (IndexError in arrival_times, or a run of nothing)
+])
+def test_bad_benchmark_settings_are_refused_before_a_request_is_sent(kw, words):
+    """Against a port where nothing listens: the setting, not the missing server, is what is named."""
+    reqs = kw.pop("requests", [SampleRequest("x", 2)])
+    with pytest.raises(ValueError, match=words):
+        run_benchmark(_closed_port(), reqs, model="m", disable_tqdm=True, **kw)
+
+
+def test_the_cli_names_a_missing_server_or_a_refused_key_without_a_traceback(odd_server, capsys):
+    from inflight.bench.serve import main
+
+    assert main(["--base-url", _closed_port(), "--quick", "--disable-tqdm"]) == 2
+    assert "error: cannot reach http://127.0.0.1:" in capsys.readouterr().err
+    assert main(["--base-url", odd_server, "--quick", "--disable-tqdm"]) == 2  # (KeyError 'data' before)
+    assert "answered HTTP 401" in capsys.readouterr().err
+    assert main(["--base-url", odd_server, "--quick", "--metric-percentiles", "50,p99"]) == 2
+    assert "could not convert string to float: 'p99'" in capsys.readouterr().err

@@ -64,10 +64,10 @@ def random_requests(n: int, input_len: int, output_len: int, range_ratio: float 
 def arrival_times(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
     """When each request is sent (seconds from the start): gaps from a gamma distribution of mean
     1/rate (shape `burstiness`; 1 = Poisson), rescaled so that n requests take n/rate seconds."""
-    if request_rate == math.inf:
-        return [0.0] * n
-    if not request_rate > 0 or not burstiness > 0:
+    if not request_rate > 0 or not burstiness > 0:  # (NaN too)
         raise ValueError(f"request_rate and burstiness must be positive, got {request_rate}, {burstiness}")
+    if request_rate == math.inf or n == 0:
+        return [0.0] * n
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
     t = np.cumsum(gaps)
@@ -84,14 +84,16 @@ async def benchmark(base_url: str, requests: Sequence[SampleRequest], *, model: 
     """Send `requests` at their arrival times; the results dict (vLLM's fields)."""
     import httpx
 
+    # every setting is checked before the first request: a bad one must not cost a whole run
+    _check_settings(len(requests), max_concurrency, percentiles)
+    times = arrival_times(len(requests), request_rate, burstiness, seed)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, headers=headers) as client:
         if model is None:
-            model = (await client.get(base_url.rstrip("/") + "/v1/models")).json()["data"][0]["id"]
+            model = await _served_model(client, base_url.rstrip("/"))
         url = base_url.rstrip("/") + endpoint
         chat = endpoint.endswith("chat/completions")
-        times = arrival_times(len(requests), request_rate, burstiness, seed)
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         bar = None if disable_tqdm else _progress(len(requests))
 
@@ -121,6 +123,32 @@ async def benchmark(base_url: str, requests: Sequence[SampleRequest], *, model: 
            "max_concurrency": max_concurrency, "goodput_slos_ms": goodput or None}
     out.update(calculate_metrics(list(results), duration, goodput, percentiles))
     return out
+
+
+def _check_settings(num_requests: int, max_concurrency: int | None, percentiles: Sequence[float]) -> None:
+    if num_requests < 1:
+        raise ValueError("no requests to send (num_prompts must be at least 1)")
+    if max_concurrency is not None and (type(max_concurrency) is not int or max_concurrency < 1):
+        raise ValueError(f"max_concurrency must be a positive integer or None (no limit), got {max_concurrency!r}")
+    bad = [p for p in percentiles if not 0 <= p <= 100]  # (NaN too)
+    if bad:
+        raise ValueError(f"percentiles must be between 0 and 100, got {bad}")
+
+
+async def _served_model(client: Any, base_url: str) -> str:
+    """The first model `base_url/v1/models` lists; ConnectionError naming what went wrong if none."""
+    import httpx
+
+    try:
+        response = await client.get(base_url + "/v1/models")
+    except httpx.HTTPError as exc:
+        raise ConnectionError(f"cannot reach {base_url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code != 200:
+        raise ConnectionError(f"{base_url}/v1/models answered HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        return response.json()["data"][0]["id"]
+    except (ValueError, LookupError, TypeError):
+        raise ConnectionError(f"{base_url}/v1/models lists no model: {response.text[:300]}") from None
 
 
 def _progress(total: int):
@@ -216,12 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         args.num_prompts, args.random_input_len, args.random_output_len = 8, 16, 8
     reqs = random_requests(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
                            args.seed)
-    result = run_benchmark(args.base_url, reqs, model=args.model, endpoint=args.endpoint,
-                           request_rate=args.request_rate, burstiness=args.burstiness,
-                           max_concurrency=args.max_concurrency, goodput=parse_goodput(args.goodput),
-                           ignore_eos=args.ignore_eos, api_key=args.api_key, seed=args.seed,
-                           disable_tqdm=args.disable_tqdm,
-                           percentiles=[float(p) for p in args.metric_percentiles.split(",")])
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+        result = run_benchmark(args.base_url, reqs, model=args.model, endpoint=args.endpoint,
+                               request_rate=args.request_rate, burstiness=args.burstiness,
+                               max_concurrency=args.max_concurrency, goodput=parse_goodput(args.goodput),
+                               ignore_eos=args.ignore_eos, api_key=args.api_key, seed=args.seed,
+                               disable_tqdm=args.disable_tqdm, percentiles=percentiles)
+    except (ValueError, ConnectionError) as exc:  # a bad setting, or no server to measure: say which, no traceback
+        print(f"python -m inflight.bench.serve: error: {exc}", file=sys.stderr)
+        return 2
     print_result(result)
     if args.save_result:
         name = args.result_filename or f"serve-{result['request_rate']}qps-{result['date']}.json"
