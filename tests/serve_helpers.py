@@ -162,8 +162,9 @@ class InProcessServer(HTTPServerClient):
 
     def loop_state(self) -> dict[str, int]:
         """What the engine and the loop still hold for requests (all zero once every request is over)."""
-        ae = self.aengine
+        ae, cpu = self.aengine, self.engine.scheduler.cpu_allocator
         return {"engine requests": len(self.engine.requests), "blocks used": self.engine.allocator.num_used,
+                "swap blocks used": 0 if cpu is None else cpu.num_used,
                 "collectors": len(ae._collectors), "sent": len(ae._sent), "metrics per request": len(self.prom._seen),
                 "commands": len(ae._commands)}
 

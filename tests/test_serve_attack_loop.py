@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -149,6 +150,48 @@ def test_clients_leaving_at_every_moment_leave_nothing_behind(tiny):
         srv.wait_clean()
     finally:
         srv.stop()
+    assert not srv.errors, [r.getMessage() for r in srv.errors]
+
+
+@pytest.mark.parametrize("preemption, loop", [("recompute", "thread"), ("swap", "task")])
+def test_clients_leaving_while_their_requests_are_preempted_leave_nothing_behind(tiny, preemption, loop):
+    """A pool of 12 blocks for 10 requests of 75 tokens (5 blocks each) at mixed priorities: requests
+    are preempted (recomputed, or swapped out to the CPU pool) all the time, and half of the clients
+    hang up at random moments, some while their request is preempted. The pool and the swap pool
+    come back whole, and every stream read to its end is the text of its request run alone."""
+    import random
+
+    from inflight import SamplingParams
+
+    srv = InProcessServer(_engine(tiny, num_blocks=12, preemption=preemption), loop=loop)
+    rnd, texts = random.Random(1), {}
+    try:
+        socks = [srv.post_raw("/v1/completions", json.dumps({
+            "prompt": f"{PROMPT} {i}", "max_tokens": 60, "ignore_eos": True, "stream": True,
+            "priority": rnd.randint(0, 3)}).encode()) for i in range(10)]
+        kept = []
+        for i, s in enumerate(socks):
+            if rnd.random() < 0.5:
+                read_until(s, b"data: {")
+                time.sleep(rnd.random() * 0.2)
+                s.close()
+            else:
+                kept.append((i, s))
+        for i, s in kept:
+            raw = read_until(s, b"data: [DONE]")
+            s.close()
+            events = dechunk(raw.split(b"\r\n\r\n", 1)[1]).decode().split("\n\n")
+            chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+            texts[i] = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        srv.wait_clean()  # (also the swap pool: see loop_state)
+        preempted, aborted = srv.metric("num_preemptions_total"), srv.metric("request_success_total",
+                                                                             finished_reason="abort")
+    finally:
+        srv.stop()
+    assert preempted > 0 and 0 < aborted <= 10 - len(kept)  # (the case this test is about; a client may hang up too late)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    alone = {i: _engine(tiny).generate([f"{PROMPT} {i}"], params, use_tqdm=False)[0].text for i in texts}
+    assert texts == alone
     assert not srv.errors, [r.getMessage() for r in srv.errors]
 
 
