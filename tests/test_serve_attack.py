@@ -111,6 +111,36 @@ def test_max_completion_tokens_wins_over_max_tokens(server):
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 5, raw
 
 
+def test_a_chat_the_models_template_refuses_is_a_400_with_its_words(tiny):
+    """A real checkpoint's chat template (jinja) may refuse a conversation, as Llama 2's does when
+    roles do not alternate; that is the client's mistake, not a server error."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from inflight import LLMEngine
+    from inflight.model.tokenizer import HFTokenizer
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())  # 256 bytes + </s>: the tiny model's vocabulary size
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    bpe.train_from_iterator(["def f(x):\n"], tokenizers.trainers.BpeTrainer(
+        vocab_size=257, special_tokens=["</s>"], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>")
+    hf.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+                        "{% endif %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}assistant: ")
+    srv = InProcessServer(LLMEngine(tiny[0], tokenizer=HFTokenizer(hf), block_size=16, num_blocks=16))
+    try:
+        one = [{"role": "user", "content": "hi"}]
+        status, _, raw = srv.request("POST", "/v1/chat/completions", {"messages": one, "max_tokens": 2})
+        assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 2, raw
+        status, err = _error(srv.request("POST", "/v1/chat/completions", {"messages": one * 2, "max_tokens": 2}))
+        assert status == 400 and err["param"] == "messages" and "roles must alternate" in err["message"], err
+        srv.wait_clean()
+    finally:
+        srv.stop()
+    assert not srv.errors, [r.getMessage() for r in srv.errors]
+
+
 def test_unknown_paths_and_methods_get_openai_errors(server):
     status, err = _error(server.request("GET", "/v1/completions"))
     assert status == 405 and "Method Not Allowed" in err["message"]

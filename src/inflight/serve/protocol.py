@@ -206,7 +206,15 @@ def render_chat(messages: list[dict], tokenizer: Any) -> str | list[int]:
     `PLAIN_CHAT_TEMPLATE` (text)."""
     template = getattr(getattr(tokenizer, "hf", None), "chat_template", None)
     if template:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        try:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as exc:
+            # a template may refuse a conversation (jinja2's TemplateError: "roles must alternate", a
+            # field it needs): the client's messages are at fault, so a 400 with the template's words
+            if type(exc).__module__.split(".")[0] == "jinja2":
+                raise RequestError(f"the model's chat template refused these messages: {exc}",
+                                   param="messages") from None
+            raise
     return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "<|assistant|>\n"
 
 
