@@ -240,3 +240,24 @@ def test_a_burst_cannot_overshoot_max_waiting(tiny):
         gate.set()
         srv.stop()
     assert not srv.errors
+
+
+# -- the command line --------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["--max-waiting", "0"], "--max-waiting must be >= 1"),        # (served, and refused every request)
+    (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),  # (served, and answered every request 413)
+    (["--api-key="], "--api-key must not be empty"),               # (served, behind a key no client sends)
+    (["--port", "99999"], "--port must be between 0 and 65535"),   # (OverflowError traceback)
+    (["--host", "256.1.1.1"], "cannot listen on 256.1.1.1:0"),     # (socket.gaierror traceback)
+    (["--num-blocks", "0"], "num_blocks must be >= 1"),            # (the engine's own words, without a traceback)
+], ids=["max-waiting", "max-body-bytes", "api-key", "port", "host", "num-blocks"])
+def test_a_server_that_could_serve_nothing_does_not_start(args, words):
+    import subprocess
+    import sys
+
+    from serve_helpers import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "inflight.serve", "--port", "0", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=WAIT_S)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "serving" not in proc.stdout

@@ -48,7 +48,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how long a Python thread may hold the GIL while another waits (Python's default is 5): "
                         "the event loop then waits less for the engine loop's thread to write a token out")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # a setting that would make every request fail (--max-waiting 0: all refused; an empty key) is refused
+    # here, at once, before a model is loaded; the engine's own knobs are checked by LLMEngine
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port must be between 0 and 65535, got {args.port}")
+    for flag, value in (("--max-waiting", args.max_waiting), ("--max-body-bytes", args.max_body_bytes),
+                        ("--stream-interval", args.stream_interval)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    if args.api_key is not None and not args.api_key.strip():
+        p.error("--api-key must not be empty (leave it out to serve without a key)")
+    if not args.switch_interval_ms > 0:
+        p.error(f"--switch-interval-ms must be > 0, got {args.switch_interval_ms}")
+    return args
 
 
 def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
@@ -78,17 +91,22 @@ def run_server(args: argparse.Namespace) -> int:
     from inflight.serve.metrics import ServerMetrics
     from inflight.threads import configure_threads
 
-    threads = configure_threads(args.threads).threads  # (the engine loop's thread takes the same count)
-    sys.setswitchinterval(args.switch_interval_ms / 1000)
-    engine, name = build_engine(args)
+    try:  # a model that cannot load, an engine setting it refuses, an address that cannot be bound: one line
+        threads = configure_threads(args.threads).threads  # (the engine loop's thread takes the same count)
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
+        engine, name = build_engine(args)
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((args.host, args.port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    except (ValueError, TypeError, OSError) as exc:  # (FileNotFoundError is an OSError)
+        print(f"python -m inflight.serve: error: {exc}", file=sys.stderr)
+        return 2
     metrics = ServerMetrics(name)
-    if args.stream_interval < 1:
-        raise SystemExit(f"--stream-interval must be >= 1, got {args.stream_interval}")
     aengine = AsyncEngine(engine, loop=args.engine_loop, observer=metrics, threads=threads,
                           stream_interval=args.stream_interval)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
     sock.listen(2048)  # connections that come before uvicorn accepts (it starts after "ready") wait in the backlog
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
