@@ -693,7 +693,7 @@ WRONG = [
     (check_memory_scheduler, MemoryRoundsCosts, "a rule of the schedule is broken"),
     (check_budget, budget_as_dict, "returned a dict"),
     (check_budget, budget_watermark_twice, "only blocks is wrong"),
-    (check_budget, budget_next_token_too, "only blocks is wrong"),
+    (check_budget, budget_next_token_too, "a block for the token after this step"),
     (check_budget, budget_float_tokens, "is a float"),
     (check_engine_loop, loop_decode_before_admit, "decode runs before admit"),
     (check_engine_loop, loop_admit_first, "admit before budget"),

@@ -102,7 +102,13 @@ def tokens_per_request(state):
     return Budget(b.blocks, state.max_batched_tokens - len(state.running), b.slots)
 
 
+def reserves_for_the_next_token(state):
+    free = state.num_free_blocks - _need(state, lambda r: r.num_computed_tokens + r.num_scheduled_tokens + 1)
+    return Budget(free - state.watermark_blocks, _left_tokens(state), state.max_batch_size - len(state.running))
+
+
 MUTANTS = [
+    (reserves_for_the_next_token, "a block for the token after this step", "prepared states"),
     (rounds_down, "blocks needed rounded down", "floor division"),
     (tokens_per_request, "tokens counted per request", "chunk"),
     (forgets_watermark, "the watermark is forgotten", "watermark"),

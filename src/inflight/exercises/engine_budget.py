@@ -4,8 +4,7 @@ The learner writes `my_budget(state)`: given a `BudgetInputs` (the running reque
 step, the free blocks, the block size, the watermark and the limits) it returns a `Budget` of blocks,
 tokens and slots left for admission. The grader checks it two ways:
 
-* on prepared states, value by value (a budget of zero or fewer blocks counts as "none": admission
-  behaves the same whatever the negative number);
+* on prepared states, value by value (all blocks <= 0 compare equal: admission takes nobody either way);
 * inside `SimEngine` — the engine's own scheduler over a simulated KV pool — on whole workloads,
   where the learner's budget decides admission: it measures what admission then did (preemptions,
   blocks handed out that running requests needed, tokens and requests per step, time to first
@@ -16,6 +15,7 @@ the numbers that mistake measured.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 from inflight.engine.block_manager import blocks_needed
@@ -30,10 +30,26 @@ __all__ = ["check_budget", "reference_budget", "STATES", "WORKLOADS", "measure_b
 reference_budget = compute_budget
 
 
-class _Seen(NamedTuple):
-    """A budget as the grader compares it (blocks <= 0 all read "none": admission does the same)."""
+class _Blocks(int):
+    """Blocks as compared: all values <= 0 mean "admit nothing" and are equal; shown as the learner's own."""
 
-    blocks: int | str
+    def __eq__(self, other: object) -> bool:
+        ok = isinstance(other, int) and not isinstance(other, bool)
+        return ((self <= 0 and other <= 0) or int(self) == int(other)) if ok else NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(0) if self <= 0 else int.__hash__(self)
+
+    __repr__ = int.__repr__
+
+
+class _Seen(NamedTuple):
+    """A budget as the grader compares it (blocks <= 0 all compare equal: admission does the same)."""
+
+    blocks: int
     tokens: int
     slots: int
 
@@ -42,7 +58,7 @@ class _Seen(NamedTuple):
 
 
 def _as_triple(result: Any) -> _Seen:
-    """(blocks or "none", tokens, slots) of whatever the learner returned (a Budget or a 3-tuple of
+    """(blocks, tokens, slots) of whatever the learner returned (a Budget or a 3-tuple of
     ints; numpy ints too), or `Flaw` naming what is wrong with it."""
     if isinstance(result, Budget):
         blocks, tokens, slots = result.blocks, result.tokens, result.slots
@@ -54,13 +70,13 @@ def _as_triple(result: Any) -> _Seen:
                    "(or a 3-tuple in that order).", first=True)
     blocks, tokens, slots = (as_int(v, f"Budget.{name}", "the engine counts blocks, tokens and slots in ints")
                              for name, v in (("blocks", blocks), ("tokens", tokens), ("slots", slots)))
-    return _Seen("none" if blocks <= 0 else blocks, tokens, slots)
+    return _Seen(_Blocks(blocks), tokens, slots)
 
 
 def _budget_fn(impl: Callable[[BudgetInputs], Any]) -> Callable[[BudgetInputs], Budget]:
     def fn(state: BudgetInputs) -> Budget:
         blocks, tokens, slots = _as_triple(impl(state))
-        return Budget(0 if blocks == "none" else blocks, tokens, slots)
+        return Budget(max(0, int(blocks)), tokens, slots)
     return fn
 
 
@@ -245,6 +261,11 @@ def one_token_each(state: BudgetInputs) -> Budget:
                   state.max_batched_tokens - len(state.running), _slots(state))
 
 
+def one_token_ahead(state: BudgetInputs) -> Budget:
+    ahead = replace(state, running=tuple(replace(r, num_computed_tokens=r.num_computed_tokens + 1) for r in state.running))
+    return Budget(state.num_free_blocks - _promised(ahead) - state.watermark_blocks, _tokens(state), _slots(state))
+
+
 # name → (mutant, explanation template filled with the mutant's and the reference's measurements)
 MISTAKES: dict[str, tuple[Callable, str]] = {
     "blocks needed rounded down": (
@@ -253,6 +274,12 @@ MISTAKES: dict[str, tuple[Callable, str]] = {
         "drops a partly filled last block: a decode that starts a new block was promised nothing, so admission "
         "handed that block out and preemption took it back — {t_pre} preemptions on the 'tight pool' workload "
         "(right budget: {ref_t_pre}). Round up: blocks_needed(computed + scheduled, block_size)."),
+    "a block for the token after this step": (
+        one_token_ahead,
+        "you reserve blocks for num_computed_tokens + num_scheduled_tokens + 1 tokens, one more than the request "
+        "holds after this step: where computed + scheduled ends on a block boundary a block nobody needs yet is "
+        "held back from admission ({st_ahead} of the {st_n} prepared states). The next token's block is the next "
+        "step's budget."),
     "tokens counted per request": (
         tokens_one_per_request,
         "you subtract one token per running request from max_batched_tokens, but a request being prefilled "
@@ -318,6 +345,8 @@ _MISTAKES_CACHE: list[Mistake] = []
 def _mistakes() -> list[Mistake]:
     if not _MISTAKES_CACHE:
         ref = {f"ref_{k}": v for k, v in _evidence(reference_budget).items()}
+        ref["st_n"], ref["st_ahead"] = len(STATES), sum(  # the states where one token ahead costs a block
+            _as_triple(reference_budget(st)) != _as_triple(one_token_ahead(st)) for st, _ in STATES.values())
         for name, (impl, template) in MISTAKES.items():
             _MISTAKES_CACHE.append(Mistake(name, template.format(**_evidence(impl), **ref), impl))
     return _MISTAKES_CACHE
@@ -347,7 +376,7 @@ def _fields(candidate: Any, failures: list) -> Diagnosis | None:
     always = f"; yours is always {diffs.pop():+d} from it" if len(diffs) == 1 else ""
     return Diagnosis(f"only {field} is wrong", f"{others} are right on every prepared state, {field} is not: on "
                      f"'{case.name[7:]}' yours is {g[i]}, the right one {e[i]}{always} ({field} = {_FORMULAS[field]}; "
-                     "blocks of 0 or fewer all count as 'none').", case)
+                     "any blocks of 0 or fewer admit nothing, so they all count as the same answer).", case)
 
 
 TAGS = {

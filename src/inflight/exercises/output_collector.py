@@ -248,11 +248,34 @@ MISTAKES = [
 ]
 
 
+_METHODS = ("put", "get_nowait")
+
+
+def beside(cls: Any) -> list[Mistake]:
+    """Each classic mistake lives in one of the two methods. A learner's put() may be right in another
+    way than the reference's (setting `ready` on every call, merging into a new delta), and beside a
+    wrong get_nowait() the two then behave unlike the mistake's sketch: so each get_nowait() mistake is
+    also tried with the learner's own __init__ and put(). (put() mistakes keep the reference's
+    get_nowait(): the contract leaves a right one no room to differ, and each extra mistake costs the
+    waiting-reader case's time limit when the learner's put() is wrong too.)"""
+    out = []
+    for m in MISTAKES:
+        wrong = [name for name in _METHODS if name in vars(m.impl)]
+        if wrong != ["get_nowait"]:
+            continue
+        own = {name: getattr(cls, name) for name in ("__init__", *_METHODS)
+               if name not in wrong and callable(getattr(cls, name, None))
+               and getattr(cls, name) is not getattr(object, name, None)}
+        if own:
+            out.append(Mistake(m.name, m.explanation, type(f"{m.impl.__name__}Beside", (m.impl,), own)))
+    return out
+
+
 def check_output_collector(cls: Any, quiet: bool = False) -> GradeResult:
     """Grade the learner's collector class (`put`, `get_nowait`, `ready`; `get` as given)."""
     if not isinstance(cls, type):
         raise TypeError(f"pass your collector class itself (e.g. OutputCollector), not {type(cls).__name__}")
-    return grade("OutputCollector", cls, RequestOutputCollector, cases(), MISTAKES, quiet=quiet)
+    return grade("OutputCollector", cls, RequestOutputCollector, cases(), MISTAKES + beside(cls), quiet=quiet)
 
 
 def slow_reader_demo(cls: Any, steps: int = 200, read_every: int = 25) -> dict:

@@ -97,10 +97,19 @@ class _Schedule:
                 return (f"step {k} processed {_fmt(rid)}, which " + ("was never added" if r is None else
                         f"is only added before step {r.added_before}") + ". Return the ids of the requests you "
                         "processed, as they were added.")
+            back = [x for x in ids if x in self.done and self.by_id[x].runs and self.by_id[x].runs[-1] < k - 1]
+            if rid in self.done and back:
+                b = self.by_id[back[0]]
+                return (f"step {k} processed {_fmt(b.rid)} again: it had all its {b.n} token(s) by step "
+                        f"{self.done[b.rid]} and left the batch, then came back — it was admitted a second time. "
+                        "Admitting takes a request OFF the waiting queue (popleft it; reading or copying the queue "
+                        "leaves it there to be admitted again).")
             if rid in self.done:
                 return (f"step {k} processed {_fmt(rid)} again, but it asked for {r.n} token(s) and had them all by "
                         f"step {self.done[rid]}: a request leaves the batch in the step that gives it its last token "
-                        "(decrement, then drop it at 0).")
+                        "(decrement, then drop it at 0) — or, if yours does, it was admitted a second time: admitting "
+                        "takes a request OFF the waiting queue (popleft it; reading or copying the queue leaves it "
+                        "there).")
         try:
             ordered = sorted(ids)
         except TypeError:
@@ -117,7 +126,8 @@ class _Schedule:
         used = sum(self.by_id[rid].cost for rid in ids)
         if self.budget is not None and used > self.budget + 1e-12:
             return (f"step {k} ran {ids}, whose memory_cost adds up to {used:g}, over max_memory={self.budget:g}: "
-                    "admit a request only if the memory in use plus its own cost stays within max_memory.")
+                    "admit a request only if the memory in use — including the requests admitted earlier in "
+                    "this same step — plus its own cost stays within max_memory.")
         return None
 
     def _admission(self, k: int, ids: list) -> str | None:

@@ -41,6 +41,16 @@ class _CheckedWithoutNewcomer(_MemUsed):
         return self._process()
 
 
+class _UsedReadOncePerStep(_MemUsed):
+    def step(self):
+        used = self.used()  # read once: the requests admitted below are never added to it
+        while self.waiting and len(self.active) < self.max_batch_size:
+            if self.max_memory is not None and used + self.waiting[0][2] > self.max_memory:
+                break
+            self._take()
+        return self._process()
+
+
 class _NeverRelease(_Sketch):
     def __init__(self, max_batch_size, max_memory=None):
         super().__init__(max_batch_size, max_memory)
@@ -123,6 +133,11 @@ MEMORY_MISTAKES = [
             "you stop admitting only once the memory in use has reached the budget, so a newcomer is let in "
             "whenever any room is left, however large its own cost; check used + memory_cost <= max_memory.",
             _CheckedWithoutNewcomer),
+    Mistake("memory in use not updated while admitting",
+            "you read the memory in use once, before the admission loop, and never add the cost of the requests "
+            "you admit in it, so each newcomer is checked as if it were the only one: several that fit alone "
+            "but not together get in. Add each admitted request's memory_cost to your running total (or "
+            "recompute it) before checking the next.", _UsedReadOncePerStep),
     Mistake("memory never released",
             "a finished request keeps its memory counted, so the budget shrinks until nothing fits; "
             "release a request's memory_cost when it finishes (or recompute it from the active set).",

@@ -212,6 +212,14 @@ class _StaticUnsorted(_Sketch):
         return done
 
 
+class _StaticQueueNotPopped(_Sketch):
+    def step(self):
+        if not self.active:
+            for rid, n, c in list(self.waiting)[:self.max_batch_size]:  # read from the queue, never removed
+                self.active[rid] = [n, c]
+        return self._process()
+
+
 class _StaticReportAfterRemoval(_Sketch):
     def step(self):
         if not self.active:
@@ -302,6 +310,10 @@ STATIC_MISTAKES = [
     Mistake("one slot too many",
             "your batch-filling loop runs while len(active) <= max_batch_size, so a batch holds max_batch_size + 1 "
             "requests; fill only while len(active) < max_batch_size.", _StaticOneSlotTooMany),
+    Mistake("admitted requests left in the queue",
+            "you fill the batch from the front of the waiting queue without taking the requests off it, so "
+            "the next batch admits the same requests again (and nobody behind them ever starts); popleft() "
+            "each request you admit.", _StaticQueueNotPopped),
     Mistake("no batch limit",
             "you put every waiting request into the new batch; a batch holds at most max_batch_size requests, "
             "the rest wait for the next one.", _StaticNoBatchLimit),

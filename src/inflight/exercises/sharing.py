@@ -132,7 +132,7 @@ PREFIX_TAGS = {
 
 def _prefix_count(failures: list) -> Diagnosis | None:
     """With every key right: how the learner's token count relates to the hit and the cap."""
-    found = []
+    found = []  # (case, kind of slip, why): the kind says whether the failing cases agree
     for case, expected, got in failures:
         prompt, bs, cached = case.data
         hit = 0
@@ -143,20 +143,24 @@ def _prefix_count(failures: list) -> Diagnosis | None:
         cap = (len(prompt) - 1) // bs
         n = got[1]
         if n % bs:
+            kind = "partial"
             why = (f"{n} is not a whole number of blocks of {bs}: the cache hands out whole blocks, so the count is "
                    "hit blocks × block_size")
         elif n // bs > hit:
+            kind = "past a miss"
             why = (f"you serve {n // bs} block(s) but only the first {hit} are a leading run of cached blocks: stop at "
                    "the first miss")
         elif n // bs > cap:
+            kind = "past the cap"
             why = (f"you serve {n // bs} block(s) of a {len(prompt)}-token prompt, which leaves no token to compute: "
                    f"cap the hit at (len(token_ids) - 1) // block_size = {cap} blocks")
         else:
+            kind = "too few"
             why = (f"you serve {n // bs} block(s) where {min(hit, cap)} are cached and allowed ({hit} leading blocks hit, "
                    f"the cap is (len(token_ids) - 1) // block_size = {cap}): serve min(hit, cap) blocks")
-        found.append((case, why))
-    kinds = {why.split(":")[0].split(" ")[-1] for _, why in found}
-    case, why = found[0]
+        found.append((case, kind, why))
+    kinds = {kind for _, kind, _ in found}
+    case, _, why = found[0]
     return Diagnosis("your keys are right, the token count is not",
                      f"every key you return is right; on '{case.name}' {why}." +
                      ("" if len(kinds) == 1 else " (Your other failing cases go wrong in other ways: compare them.)"),
@@ -232,6 +236,11 @@ def _mk_drop_one(tokens, bs, cached):
     return keys, max(0, _hit(keys, cached, len(keys)) - 1) * bs
 
 
+def _mk_cap_short(tokens, bs, cached):
+    keys = block_keys(tokens, bs)
+    return keys, _hit(keys, cached, max(0, len(tokens) // bs - 1)) * bs
+
+
 def _mk_prefix_tokens(tokens, bs, cached):
     keys = [block_key(ROOT_KEY, tokens[:i + bs]) for i in range(0, len(tokens) - bs + 1, bs)]
     return keys, _hit(keys, cached, (len(tokens) - 1) // bs) * bs
@@ -263,6 +272,11 @@ PREFIX_MISTAKES = [
     Mistake("always giving back the last hit block", "keep one token to compute only when the hit would cover the "
             "whole prompt: the cap is `(len(prompt) - 1) // block_size` blocks, not one block less than every hit.",
             _mk_drop_one),
+    Mistake("the cap one block short when the prompt ends mid-block", "`len(prompt) // block_size - 1` keeps a "
+            "whole block back even when the prompt's partial last block already leaves tokens to compute: a "
+            "13-token prompt in blocks of 4 may take 3 cached blocks (token 12 is computed). The cap is "
+            "`(len(prompt) - 1) // block_size` blocks, which is one less only when the prompt is whole blocks.",
+            _mk_cap_short),
     Mistake("keying a block by the whole prefix's tokens", "chain the keys: `block_key(parent_key, block_tokens)` "
             "with the PREVIOUS BLOCK'S KEY as parent and only this block's tokens — hashing all the tokens so far "
             "names the same prefix but not with the keys the cache stores.", _mk_prefix_tokens),
