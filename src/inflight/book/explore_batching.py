@@ -69,6 +69,7 @@ class _Gantt:
                                                                  hatch="////", linewidths=0)))
         self.busy = live.move(ax.add_collection(PolyCollection([], edgecolors="white", linewidths=0.5)))
         live.move(ax.title)
+        live.move(ax.yaxis)  # its ticks follow the batch size: drawn at every move, not kept
         ax.set_xlabel("step")
         ax.set_ylabel("slot")
         if legend:
@@ -92,32 +93,31 @@ class _Gantt:
 
 class LiveGantts:
     """The live explorers' figure, kept from move to move: one Gantt chart per scheduler (a class
-    taking max_batch_size, by name) over the explorers' workload; `title(*results)` heads it and
-    `height(max_batch_size)` sizes it. Calling it with the knobs' values runs the schedulers and
-    redraws the charts; the axes stay while the batch size does and the steps fit the x axis."""
+    taking max_batch_size, by name) over the explorers' workload, `height` inches tall whatever
+    the batch size (a figure that changed size would be drawn anew at every move); `title(*results)`
+    heads it. Calling it with the knobs' values runs the schedulers and redraws the charts; the
+    picture of the axes is kept while the steps fit the x axis."""
 
-    def __init__(self, schedulers: dict[str, Any], title: Any, height: Any, chart_titles: bool = True):
-        self.schedulers, self.title, self.height, self.chart_titles = schedulers, title, height, chart_titles
-        self.live = LiveFigure(8, height(8))
+    def __init__(self, schedulers: dict[str, Any], title: Any, height: float, chart_titles: bool = True):
+        self.schedulers, self.title, self.chart_titles = schedulers, title, chart_titles
+        self.live = LiveFigure(8, height)
         axes = self.live.fig.subplots(len(schedulers), 1, squeeze=False)[:, 0]
+        _margins(self.live.fig, height, rows=len(axes))
         self.charts = [_Gantt(ax, k == 0, self.live) for k, ax in enumerate(axes)]
+        self.live.title.set_fontsize(10 if len(axes) == 1 else 11)
 
     def __call__(self, max_batch_size: int, spread: float) -> Any:
         results = [run(cls, max_batch_size, spread, name) for name, cls in self.schedulers.items()]
-        height = self.height(max_batch_size)
-        self.live.fig.set_size_inches(8, height)
-        _margins(self.live.fig, height, rows=len(results))
         xmax = nice_ceil(max(results[0].steps, 1))  # the x axis moves only in nice steps
         for chart, r in zip(self.charts, results):
             chart.draw(r, xmax, f"{r.name}: {r.steps} steps, {r.utilization:.0%} busy" if self.chart_titles else "")
         self.live.title.set_text(self.title(*results))
-        self.live.title.set_fontsize(10 if len(results) == 1 else 11)
-        return self.live.png((height, xmax))
+        return self.live.png(xmax)
 
 
 def static_live(scheduler: Any = StaticBatchScheduler) -> Any:
     """Sliders for batch size and length spread over static batching's Gantt chart."""
-    show = LiveGantts({"static": scheduler}, static_title, lambda b: 2.0 + 0.2 * b, chart_titles=False)
+    show = LiveGantts({"static": scheduler}, static_title, 4.4, chart_titles=False)
     return live_explorer(show, LIVE_KNOBS)
 
 
@@ -137,8 +137,7 @@ def static_site(scheduler: Any = StaticBatchScheduler, knobs: tuple | None = Non
 
 def batching_explorer(static: Any = StaticBatchScheduler, continuous: Any = ContinuousBatchScheduler) -> Any:
     """Sliders for batch size and the spread of output lengths; redraws both schedules."""
-    show = LiveGantts({"static": static, "continuous": continuous}, batching_title,
-                      lambda b: 2.6 + 0.4 * min(b, 16))
+    show = LiveGantts({"static": static, "continuous": continuous}, batching_title, 7.0)
     return live_explorer(show, LIVE_KNOBS)
 
 

@@ -46,8 +46,11 @@ class LiveFigure:
 
     Its fixed parts — axes, ticks, legends, labels: most of a draw's time is their text — are drawn
     once and kept as a picture; at each move only the artists marked `moving` are drawn over a copy
-    of it (blitting). `png(key)` draws the whole figure anew whenever `key` — whatever the fixed
-    parts show that may change: axis limits, the figure's size — differs from the last one."""
+    of it (blitting). `png(key)` draws the whole figure anew when `key` — whatever the fixed parts
+    show that may change: axis limits, the figure's size — is new; the pictures of the last
+    `KEEP` keys are kept, so a knob moved back (or a Play loop) draws only what moves."""
+
+    KEEP = 16  # pictures of ~1-3 MB each
 
     def __init__(self, width: float, height: float):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -56,8 +59,7 @@ class LiveFigure:
         self.fig = Figure(figsize=(width, height), dpi=DPI)
         FigureCanvasAgg(self.fig)
         self.moving: list = []
-        self._background: Any = None
-        self._key: Any = None
+        self._backgrounds: dict = {}  # key -> the picture of the fixed parts
         # the figure's title line(s), which every explorer changes at each move
         self.title = self.move(self.fig.text(0.5, 0.985, "", ha="center", va="top", fontsize=10))
 
@@ -73,11 +75,16 @@ class LiveFigure:
         from PIL import Image
 
         canvas = self.fig.canvas
-        if self._background is None or key != self._key:
+        size = canvas.get_width_height()
+        kept = self._backgrounds.get(key)
+        if kept is None or kept[0] != size:  # (a picture of another size is of no use)
             canvas.draw()
-            self._background, self._key = canvas.copy_from_bbox(self.fig.bbox), key
+            if len(self._backgrounds) >= self.KEEP:
+                self._backgrounds.pop(next(iter(self._backgrounds)))  # the oldest
+            self._backgrounds[key] = (size, canvas.copy_from_bbox(self.fig.bbox))
         else:
-            canvas.restore_region(self._background)
+            canvas.get_renderer()  # (sized to the figure now)
+            canvas.restore_region(kept[1])
         for artist in self.moving:
             self.fig.draw_artist(artist)
         width, height = canvas.get_width_height()
