@@ -68,7 +68,7 @@ class _Gantt:
         self.wasted = live.move(ax.add_collection(PolyCollection([], facecolors="white", edgecolors=plots.WASTE,
                                                                  hatch="////", linewidths=0)))
         self.busy = live.move(ax.add_collection(PolyCollection([], edgecolors="white", linewidths=0.5)))
-        live.move(ax.title)
+        self.title = live.move(ax.set_title("", loc="left", fontsize=11))  # (the left title, not ax.title)
         live.move(ax.yaxis)  # its ticks follow the batch size: drawn at every move, not kept
         ax.set_xlabel("step")
         ax.set_ylabel("slot")
@@ -88,7 +88,7 @@ class _Gantt:
             self.ax.set_ylim(r.num_slots - 0.5, -0.5)
             ticks = range(0, r.num_slots, 1 if r.num_slots <= 8 else 2 if r.num_slots <= 16 else 4)
             self.ax.set_yticks(list(ticks), [str(t) for t in ticks])
-        self.ax.set_title(title, loc="left", fontsize=11)
+        self.title.set_text(title)
 
 
 class LiveGantts:

@@ -177,7 +177,8 @@ class LivePrefix:
         self.bands: list = []
         self.cursor = self.live.move(self.right.axvline(0, color="k", lw=0.8, ls=":"))
         self.right.set_xlabel("step")
-        self.right.set_title("the pool: in use, cached, free", loc="left", fontsize=10)  # (no legend: less text)
+        self.right.set_title("the pool: in use (blue), cached (light),\nfree (grey)", loc="left",
+                             fontsize=9)  # (no legend: less text)
         self.shown = None
 
     def _draw_run(self, run: PrefixRun) -> None:
@@ -185,6 +186,7 @@ class LivePrefix:
         self.xy = np.column_stack([x, y])
         self.edges.set_segments(_edges(run, x, y))
         self.ax.set_xlim(-1.2, x.max() + 0.6)
+        self.ax.set_xticks(range(int(x.max()) + 1))
         self.ax.set_ylim(y.max() + 0.8, -0.8)
         for label, s in zip(self.labels, SYSTEMS):
             first = [k for k, p in enumerate(run.parent) if p < 0 and run.system[k] == s]
