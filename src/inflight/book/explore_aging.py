@@ -40,7 +40,7 @@ def waits(result: SimResult, priorities: dict, level: int) -> tuple[np.ndarray, 
 
 def tails(result: SimResult, priorities: dict) -> tuple[float, float]:
     """The p99 wait of the high- and of the low-priority requests."""
-    return tuple(percentile(waits(result, priorities, level)[1], 99) for level, _, _ in CLASSES)
+    return tuple(float(percentile(waits(result, priorities, level)[1], 99)) for level, _, _ in CLASSES)
 
 
 def aging_name(aging: Any) -> str:
