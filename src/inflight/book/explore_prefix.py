@@ -263,12 +263,13 @@ def prefix_site(num_blocks: int = 16, requests: Any = None, frames: int = 36) ->
 
     layout = panels(1, 2, titles=("the cached blocks, as a tree", "the pool's blocks"), hspace=0.08)
     layout["xaxis"].update(domain=[0, 0.6], range=[-1.6, float(x.max()) + 0.6], title={"text": "block of the prompt"},
-                           dtick=1, showgrid=False)
+                           tickvals=list(range(int(x.max()) + 1)), showgrid=False)
     layout["yaxis"].update(range=[float(y.max()) + 0.8, -0.8], visible=False)
     layout["xaxis2"].update(domain=[0.68, 1], range=[0, end], title={"text": "step"})
     layout["yaxis2"].update(range=[0, run.num_blocks])
-    layout["legend"] = {"x": 1, "xanchor": "right", "y": -0.3, "yanchor": "top", "orientation": "h",
-                        "font": {"size": 11}}
+    # inside the pool's panel, top right (below the axes it would meet the slider)
+    layout["legend"] = {"x": 1, "xanchor": "right", "y": 1, "yanchor": "top", "xref": "paper", "yref": "paper",
+                        "orientation": "v", "bgcolor": "rgba(255,255,255,0.85)", "font": {"size": 11}}
     layout.update(title={"font": {"size": 13}}, margin={"t": 96})
     knob = Knob("step", "step", ticks, play=True)
     return explorer([knob], view, layout, height=430, play_ms=700)
