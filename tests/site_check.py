@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from inflight.book.notebook import colab_link, read_repository  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-# The chapters that must have an explorer (issue 21: every chapter). Add a chapter here when its
-# explorer lands: chapters 5-9 are next.
-EXPLORER_CHAPTERS = ("01_why_batching", "02_static_batching", "03_continuous_batching", "04_memory_aware_admission")
+# The chapters that must have an explorer (issue 21: every chapter).
+EXPLORER_CHAPTERS = ("01_why_batching", "02_static_batching", "03_continuous_batching", "04_memory_aware_admission",
+                     "05_paged_kv_cache", "06_scheduler_loop", "07_serving", "08_sharing_and_fairness",
+                     "09_serving_over_the_network")
 EXPLORER_JS = ("plotly.min.js", "inflight_explorer.js")  # served by _ext/plotly_explorers.py
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run", "--disable-quic"]

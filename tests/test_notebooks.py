@@ -27,7 +27,7 @@ COLAB_SET = {"torch", "numpy", "matplotlib", "ipywidgets", "ipykernel", "IPython
 OPTIONAL = {"triton": "the [triton] extra: the GPU kernel, imported on CUDA only",
             "myst_nb": "the book build: inflight.book.glue works without it",
             "google": "Colab's own module, imported only on Colab"}
-IMPORT_NAMES = {"pyyaml": "yaml", "huggingface-hub": "huggingface_hub"}
+IMPORT_NAMES = {"pyyaml": "yaml", "huggingface-hub": "huggingface_hub", "pillow": "PIL"}
 
 
 def _cells(path):

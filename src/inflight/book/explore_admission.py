@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from inflight.book.interactive import TAB10, Explorer, Knob, View, explorer, panels
-from inflight.book.widgets import live_explorer
+from inflight.book.widgets import LiveFigure, live_explorer, nice_ceil
 from inflight.sim.simulate import SimResult, simulate
 from inflight.sim.workloads import Request
 
@@ -64,33 +63,53 @@ def summary(runs: dict[str, SimResult], big_cost: float, window: int, sep: str =
     return sep.join(parts)
 
 
-def admission_figure(workload: Sequence[Request], big_cost: float, policies: dict[str, Any], slots: int,
-                     budget: float) -> Any:
-    """The live explorer's picture (matplotlib), for one budget."""
-    runs = run_policies(workload, policies, slots, budget)
-    window = max(r.arrival for r in workload)  # as the chapter: while requests keep arriving
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.2), sharex=True)
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.87, bottom=0.1, hspace=0.12)  # tight_layout costs a draw
-    for color, (name, r) in zip(TAB10, runs.items()):
-        c = curves(r, big_cost)
-        top.step(c["step"], c["memory"], where="post", color=color, lw=1, label=name)
-        bottom.step(c["step"], c["waiting"], where="post", color=color, lw=1.2, label=f"{name}: all waiting")
-        bottom.step(c["step"], c["large"], where="post", color=color, lw=1.2, ls=":", label=f"{name}: large waiting")
-    top.axhline(budget, color=BUDGET_COLOR, ls="--", lw=1, label="memory budget")
-    top.set_ylabel("memory in use")
-    top.legend(fontsize=9, ncol=3, loc="lower center")
-    bottom.set_ylabel("requests waiting")
-    bottom.set_xlabel("step")
-    bottom.legend(fontsize=9, ncol=2)
-    fig.suptitle(f"memory budget {budget:g}\n" + summary(runs, big_cost, window), fontsize=10)
-    return fig
+class LiveAdmission:
+    """The live explorer's figure (matplotlib), made once: each budget reruns every policy and moves
+    the curves. Top: memory held against the budget; bottom: requests waiting, all and large."""
+
+    def __init__(self, workload: Sequence[Request], big_cost: float, policies: dict[str, Any], slots: int):
+        self.workload, self.big_cost, self.policies, self.slots = workload, big_cost, policies, slots
+        self.window = max(r.arrival for r in workload)  # as the chapter: while requests keep arriving
+        self.live = LiveFigure(8, 5.2)
+        self.top, self.bottom = self.live.fig.subplots(2, 1, sharex=True)
+        self.live.fig.subplots_adjust(left=0.09, right=0.98, top=0.87, bottom=0.1, hspace=0.12)  # no tight_layout
+        self.lines = {}
+        move = self.live.move
+        for color, name in zip(TAB10, policies):
+            self.lines[name] = (
+                move(self.top.step([], [], where="post", color=color, lw=1, label=name)[0]),
+                move(self.bottom.step([], [], where="post", color=color, lw=1.2)[0]),
+                move(self.bottom.step([], [], where="post", color=color, lw=1.2, ls=":")[0]))
+        self.budget = move(self.top.axhline(0, color=BUDGET_COLOR, ls="--", lw=1, label="memory budget"))
+        self.top.set_ylabel("memory in use")
+        self.top.legend(fontsize=9, ncol=3, loc="lower center")
+        self.bottom.set_ylabel("requests waiting:\nall (solid), large (dotted)")  # (a legend: more text to draw)
+        self.bottom.set_xlabel("step")
+
+    def __call__(self, budget: float) -> Any:
+        runs = run_policies(self.workload, self.policies, self.slots, budget)
+        top = {"memory": budget, "waiting": 0.0}
+        for name, r in runs.items():
+            c = curves(r, self.big_cost)
+            for line, key in zip(self.lines[name], ("memory", "waiting", "large")):
+                line.set_data(c["step"], c[key])
+                axis = "memory" if key == "memory" else "waiting"
+                top[axis] = max(top[axis], float(np.nanmax(c[key], initial=0)))
+        self.budget.set_ydata([budget, budget])
+        # axes that move only in nice steps: most moves redraw the curves alone
+        end = nice_ceil(max(r.steps for r in runs.values()))
+        self.bottom.set_xlim(0, end)
+        self.top.set_ylim(0, nice_ceil(top["memory"] * 1.05))
+        self.bottom.set_ylim(0, nice_ceil(top["waiting"] * 1.05))
+        self.live.title.set_text(f"memory budget {budget:g}\n" + summary(runs, self.big_cost, self.window))
+        return self.live.png((end, self.top.get_ylim(), self.bottom.get_ylim()))
 
 
 def admission_live(workload: Sequence[Request], big_cost: float, policies: dict[str, Any], slots: int = 16,
                    budgets: Sequence[float] = tuple(range(12, 66, 2)), start: float = 20) -> Any:
     """A slider for the memory budget; each move runs every policy over the workload."""
     knob = Knob("budget", "memory budget", tuple(budgets), start=start)
-    return live_explorer(lambda budget: admission_figure(workload, big_cost, policies, slots, budget), [knob])
+    return live_explorer(LiveAdmission(workload, big_cost, policies, slots), [knob])
 
 
 def _view(workload: Sequence[Request], big_cost: float, policies: dict[str, Any], slots: int, budget: float) -> View:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import matplotlib.pyplot as plt
+from matplotlib.collections import PolyCollection
 
 from inflight.book import plots
 from inflight.book.gantt_traces import gantt_axis, gantt_traces
 from inflight.book.interactive import Explorer, Knob, View, explorer, panels
-from inflight.book.widgets import live_explorer
+from inflight.book.widgets import LiveFigure, live_explorer, nice_ceil
 from inflight.sim.schedulers import ContinuousBatchScheduler, StaticBatchScheduler
 from inflight.sim.simulate import SimResult, simulate
 from inflight.sim.workloads import with_spread
@@ -50,16 +50,6 @@ def batching_title(static: SimResult, cont: SimResult) -> str:
 
 # -- chapter 2: static batching alone ---------------------------------------------------------
 
-def static_figure(max_batch_size: int = 8, spread: float = 1.0, scheduler: Any = StaticBatchScheduler) -> Any:
-    r = run(scheduler, max_batch_size, spread, "static")
-    height = 2.0 + 0.2 * max_batch_size
-    fig, ax = plt.subplots(figsize=(8, height))
-    _margins(fig, height)
-    plots.gantt(r, ax, labels=False, title="")
-    fig.suptitle(static_title(r), fontsize=10)
-    return fig
-
-
 def _margins(fig: Any, height: float, rows: int = 1, gap: float = 1.0) -> None:
     """Fixed margins and `gap` inches between rows of axes (tight_layout would cost the live
     explorer another draw)."""
@@ -68,9 +58,67 @@ def _margins(fig: Any, height: float, rows: int = 1, gap: float = 1.0) -> None:
     fig.subplots_adjust(left=0.09, right=0.98, top=top, bottom=bottom, hspace=gap / axes_height)
 
 
+class _Gantt:
+    """One Gantt chart (as `plots.gantt` draws it), made once: a redraw replaces the rectangles of
+    its three collections and its title, and creates no artist."""
+
+    def __init__(self, ax: Any, legend: bool, live: LiveFigure):
+        self.ax = ax
+        self.idle = live.move(ax.add_collection(PolyCollection([], facecolors=plots.IDLE, linewidths=0)))
+        self.wasted = live.move(ax.add_collection(PolyCollection([], facecolors="white", edgecolors=plots.WASTE,
+                                                                 hatch="////", linewidths=0)))
+        self.busy = live.move(ax.add_collection(PolyCollection([], edgecolors="white", linewidths=0.5)))
+        self.title = live.move(ax.set_title("", loc="left", fontsize=11))  # (the left title, not ax.title)
+        live.move(ax.yaxis)  # its ticks follow the batch size: drawn at every move, not kept
+        ax.set_xlabel("step")
+        ax.set_ylabel("slot")
+        if legend:
+            plots.gantt_legend(ax)
+        self.slots = 0
+
+    def draw(self, r: SimResult, xmax: float, title: str) -> None:
+        cells = plots.gantt_cells(r)
+        for kind in ("idle", "wasted", "busy"):
+            getattr(self, kind).set_verts(plots._rects(cells[kind]))
+        colors = plots.color_indices(r)
+        self.busy.set_facecolor([plots.REQUEST_COLORS[colors[c[3]]] for c in cells["busy"]])
+        self.ax.set_xlim(0, xmax)
+        if r.num_slots != self.slots:  # new ticks only when the number of slots changes
+            self.slots = r.num_slots
+            self.ax.set_ylim(r.num_slots - 0.5, -0.5)
+            ticks = range(0, r.num_slots, 1 if r.num_slots <= 8 else 2 if r.num_slots <= 16 else 4)
+            self.ax.set_yticks(list(ticks), [str(t) for t in ticks])
+        self.title.set_text(title)
+
+
+class LiveGantts:
+    """The live explorers' figure, kept from move to move: one Gantt chart per scheduler (a class
+    taking max_batch_size, by name) over the explorers' workload, `height` inches tall whatever
+    the batch size (a figure that changed size would be drawn anew at every move); `title(*results)`
+    heads it. Calling it with the knobs' values runs the schedulers and redraws the charts; the
+    picture of the axes is kept while the steps fit the x axis."""
+
+    def __init__(self, schedulers: dict[str, Any], title: Any, height: float, chart_titles: bool = True):
+        self.schedulers, self.title, self.chart_titles = schedulers, title, chart_titles
+        self.live = LiveFigure(8, height)
+        axes = self.live.fig.subplots(len(schedulers), 1, squeeze=False)[:, 0]
+        _margins(self.live.fig, height, rows=len(axes))
+        self.charts = [_Gantt(ax, k == 0, self.live) for k, ax in enumerate(axes)]
+        self.live.title.set_fontsize(10 if len(axes) == 1 else 11)
+
+    def __call__(self, max_batch_size: int, spread: float) -> Any:
+        results = [run(cls, max_batch_size, spread, name) for name, cls in self.schedulers.items()]
+        xmax = nice_ceil(max(results[0].steps, 1))  # the x axis moves only in nice steps
+        for chart, r in zip(self.charts, results):
+            chart.draw(r, xmax, f"{r.name}: {r.steps} steps, {r.utilization:.0%} busy" if self.chart_titles else "")
+        self.live.title.set_text(self.title(*results))
+        return self.live.png(xmax)
+
+
 def static_live(scheduler: Any = StaticBatchScheduler) -> Any:
     """Sliders for batch size and length spread over static batching's Gantt chart."""
-    return live_explorer(lambda max_batch_size, spread: static_figure(max_batch_size, spread, scheduler), LIVE_KNOBS)
+    show = LiveGantts({"static": scheduler}, static_title, 4.4, chart_titles=False)
+    return live_explorer(show, LIVE_KNOBS)
 
 
 def static_site(scheduler: Any = StaticBatchScheduler, knobs: tuple | None = None) -> Explorer:
@@ -87,25 +135,10 @@ def static_site(scheduler: Any = StaticBatchScheduler, knobs: tuple | None = Non
 
 # -- chapter 3: static next to continuous ---------------------------------------------------
 
-def batching_figure(max_batch_size: int = 8, spread: float = 1.0, static: Any = StaticBatchScheduler,
-                    continuous: Any = ContinuousBatchScheduler) -> Any:
-    """Static vs continuous Gantt charts for one workload; returns the figure."""
-    s = run(static, max_batch_size, spread, "static")
-    c = run(continuous, max_batch_size, spread, "continuous")
-    height = 2.6 + 0.4 * min(max_batch_size, 16)
-    fig, axes = plt.subplots(2, 1, figsize=(8, height))
-    _margins(fig, height, rows=2)
-    for ax, r, legend in zip(axes, (s, c), (True, False)):
-        plots.gantt(r, ax, labels=False, xmax=s.steps, legend=legend,
-                    title=f"{r.name}: {r.steps} steps, {r.utilization:.0%} busy")
-    fig.suptitle(batching_title(s, c), fontsize=11)
-    return fig
-
-
 def batching_explorer(static: Any = StaticBatchScheduler, continuous: Any = ContinuousBatchScheduler) -> Any:
     """Sliders for batch size and the spread of output lengths; redraws both schedules."""
-    return live_explorer(lambda max_batch_size, spread: batching_figure(max_batch_size, spread, static, continuous),
-                         LIVE_KNOBS)
+    show = LiveGantts({"static": static, "continuous": continuous}, batching_title, 7.0)
+    return live_explorer(show, LIVE_KNOBS)
 
 
 def batching_site(static: Any = StaticBatchScheduler, continuous: Any = ContinuousBatchScheduler,

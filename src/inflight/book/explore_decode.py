@@ -16,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullLocator
 
 from inflight.book.interactive import TAB10, Explorer, Knob, View, explorer, panels
-from inflight.book.widgets import live_explorer
+from inflight.book.widgets import LiveFigure, live_explorer
 
 Grid = dict  # (batch, context) -> seconds per decode step
 
@@ -83,38 +82,53 @@ def ranges(grid: Grid, costs: StepBytes, batches: Sequence[int]) -> tuple[tuple,
             (tps.min() / 1.5, tps.max() * 1.5))
 
 
-def decode_figure(grid: Grid, costs: StepBytes, batches: Sequence[int], context: int, device: str,
-                  now: tuple[int, float] | None = None) -> Any:
-    """The live explorer's picture (matplotlib); `now` is (batch, seconds) just measured."""
-    b = np.array(batches, dtype=float)
-    ms = _row(grid, batches, context) * 1e3
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.6))
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.83, bottom=0.14, wspace=0.3)  # tight_layout costs a redraw
-    ax1.plot(b, ms, "o-", color=TAB10[0], label="measured")
-    ax1.plot(b, (costs.weights_seconds() + costs.kv_seconds(b, context)) * 1e3, "--", color="k", lw=1,
-             label="(weights + KV) / bandwidth")
-    ax1.plot(b, np.full_like(b, costs.weights_seconds() * 1e3), ":", color=TAB10[2], label="weights / bandwidth")
-    ax1.plot(b, costs.kv_seconds(b, context) * 1e3, ":", color=TAB10[3], label="KV reads / bandwidth")
-    ax2.plot(b, b / ms * 1e3, "o-", color=TAB10[0])
-    if now is not None:
-        ax1.plot([now[0]], [now[1] * 1e3], "*", ms=14, color=TAB10[1], label="measured just now")
-        ax2.plot([now[0]], [now[0] / now[1]], "*", ms=14, color=TAB10[1])
-    for ax, label, (lo, hi) in zip((ax1, ax2), ("ms per decode step", "tokens per second"),
-                                   ranges(grid, costs, batches)):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_ylim(lo, hi)
-        # fixed ticks: log axes' tick finders are most of a redraw otherwise
-        ax.set_xticks(b, [str(x) for x in batches])
-        ticks = log_ticks(lo, hi)
-        ax.set_yticks(ticks, [f"{t:,g}" for t in ticks])
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(label)
-    ax1.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{device}, " + title(grid, costs, batches, context), fontsize=10)
-    return fig
+class LiveDecode:
+    """The live explorer's figure (matplotlib), made once over the grid's fixed axes; a redraw moves
+    the curves to a context length and the star to the step just measured (`now`: batch, seconds)."""
+
+    def __init__(self, grid: Grid, costs: StepBytes, batches: Sequence[int], device: str):
+        self.grid, self.costs, self.batches, self.device = grid, costs, batches, device
+        b = self.b = np.array(batches, dtype=float)
+        self.live = LiveFigure(8, 3.6)
+        ax1, ax2 = self.live.fig.subplots(1, 2)
+        self.live.fig.subplots_adjust(left=0.09, right=0.98, top=0.83, bottom=0.14, wspace=0.3)  # no tight_layout
+        nan = np.full_like(b, np.nan)
+        move = self.live.move
+        self.measured = move(ax1.plot(b, nan, "o-", color=TAB10[0], label="measured")[0])
+        self.model = move(ax1.plot(b, nan, "--", color="k", lw=1, label="(weights + KV) / bandwidth")[0])
+        ax1.plot(b, np.full_like(b, costs.weights_seconds() * 1e3), ":", color=TAB10[2], label="weights / bandwidth")
+        self.kv = move(ax1.plot(b, nan, ":", color=TAB10[3], label="KV reads / bandwidth")[0])
+        self.tps = move(ax2.plot(b, nan, "o-", color=TAB10[0])[0])
+        self.star1 = move(ax1.plot([], [], "*", ms=14, color=TAB10[1], label="measured just now")[0])
+        self.star2 = move(ax2.plot([], [], "*", ms=14, color=TAB10[1])[0])
+        for ax, label, (lo, hi) in zip((ax1, ax2), ("ms per decode step", "tokens per second"),
+                                       ranges(grid, costs, batches)):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_ylim(lo, hi)
+            ax.set_xlim(b[0] / 1.3, b[-1] * 1.3)
+            # fixed ticks: log axes' tick finders are most of a redraw otherwise
+            ax.set_xticks(b, [str(x) for x in batches])
+            ticks = log_ticks(lo, hi)
+            ax.set_yticks(ticks, [f"{t:,g}" for t in ticks])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel("batch size")
+            ax.set_ylabel(label)
+        ax1.legend(fontsize=8, loc="upper left")
+
+    def __call__(self, context: int, now: tuple[int, float] | None = None) -> Any:
+        ms = _row(self.grid, self.batches, context) * 1e3
+        kv = self.costs.kv_seconds(self.b, context) * 1e3
+        self.measured.set_ydata(ms)
+        self.model.set_ydata(self.costs.weights_seconds() * 1e3 + kv)
+        self.kv.set_ydata(kv)
+        self.tps.set_ydata(self.b / ms * 1e3)
+        batch, seconds = now if now is not None else (np.nan, np.nan)
+        self.star1.set_data([batch], [seconds * 1e3])
+        self.star2.set_data([batch], [batch / seconds])
+        self.live.title.set_text(f"{self.device}, " + title(self.grid, self.costs, self.batches, context))
+        return self.live.png()
 
 
 def decode_live(time_step: Callable[[int, int], float], grid: Grid, costs: StepBytes, batches: Sequence[int],
@@ -123,11 +137,8 @@ def decode_live(time_step: Callable[[int, int], float], grid: Grid, costs: StepB
     (`time_step(batch, context)`) and shows it over the notebook's grid."""
     knobs = [Knob("batch", "batch size", tuple(batches), start=batches[len(batches) // 2]),
              Knob("context", "context length", tuple(contexts), start=contexts[len(contexts) // 2])]
-
-    def show(batch: int, context: int) -> None:
-        decode_figure(grid, costs, batches, context, device, (batch, time_step(batch, context)))
-
-    return live_explorer(show, knobs)
+    figure = LiveDecode(grid, costs, batches, device)
+    return live_explorer(lambda batch, context: figure(context, (batch, time_step(batch, context))), knobs)
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:

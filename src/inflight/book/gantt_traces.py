@@ -19,21 +19,6 @@ BAR = 0.8  # bar height in slots, as in plots.gantt
 HEX = [to_hex(c) for c in plots.REQUEST_COLORS]
 
 
-def _cells(result: SimResult) -> dict[str, list[tuple[int, int, int, Any]]]:
-    """(slot, start, length, request id or None) of every run of busy, wasted and idle cells."""
-    cells: dict[str, list] = {"idle": [], "wasted": [], "busy": []}
-    for slot in range(result.num_slots):
-        column = [row[slot] for row in result.timeline]
-        for start, length, rid in plots._runs(column):
-            if rid is not None:
-                cells["busy"].append((slot, start, length, rid))
-                continue
-            waiting = [result.waiting[t] > 0 for t in range(start, start + length)]
-            for s2, l2, w in plots._runs(waiting):
-                cells["wasted" if w else "idle"].append((slot, start + s2, l2, None))
-    return cells
-
-
 def _bars(cells: list, name: str, axes: tuple[str, str], marker: dict, legend: bool, **extra: Any) -> dict:
     slots, starts, lengths = (np.array([c[i] for c in cells], dtype=np.int32) for i in range(3))
     return {"type": "bar", "orientation": "h", "name": name, "y": slots, "base": starts, "x": lengths,
@@ -45,7 +30,7 @@ def gantt_traces(result: SimResult, axes: tuple[str, str] = ("x", "y"), legend: 
     """The three bar traces of `result`'s Gantt chart on the given axes (plotly's "x2", "y2", ...).
 
     Put the layout's `barmode` to "overlay" and reverse the y axis (`gantt_axis`)."""
-    cells = _cells(result)
+    cells = plots.gantt_cells(result)
     order = {rid: i for i, rid in enumerate(result.requests)}
     colors = plots.color_indices(result)
     busy = cells["busy"]

@@ -85,7 +85,7 @@ class View:
 
 def typed(values: Any) -> Any:
     """A numpy array as plotly's compact typed array (base64): integers in the smallest type that
-    holds them, floats as float32. Lists and scalars pass through."""
+    holds them, floats as float32, 2-D arrays row by row. Lists and scalars pass through."""
     if not isinstance(values, np.ndarray):
         return values
     if values.dtype.kind in "iub" and values.size:
@@ -96,7 +96,9 @@ def typed(values: Any) -> Any:
     else:
         kind = "f4"
     data = np.ascontiguousarray(values, dtype=np.dtype(kind).newbyteorder("<"))
-    return {"dtype": kind, "bdata": base64.b64encode(data.tobytes()).decode("ascii"), "shape": str(values.size)}
+    # a 2-D array (a heatmap's z) keeps its rows and columns: plotly reads "rows, columns"
+    shape = ", ".join(map(str, values.shape)) if values.ndim > 1 else str(values.size)
+    return {"dtype": kind, "bdata": base64.b64encode(data.tobytes()).decode("ascii"), "shape": shape}
 
 
 def _plain(obj: Any) -> Any:

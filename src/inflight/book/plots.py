@@ -33,6 +33,26 @@ def _rect(x: float, slot: int, width: float) -> list[tuple[float, float]]:
     return [(x, slot - 0.4), (x + width, slot - 0.4), (x + width, slot + 0.4), (x, slot + 0.4)]
 
 
+def _rects(cells: list[tuple[int, int, int, Any]]) -> list[list[tuple[float, float]]]:
+    return [_rect(start, slot, length) for slot, start, length, _ in cells]
+
+
+def gantt_cells(result: SimResult) -> dict[str, list[tuple[int, int, int, Any]]]:
+    """(slot, start, length, request id or None) of every run of busy cells, of idle cells while a
+    request was waiting ("wasted") and of idle cells with nobody waiting ("idle")."""
+    cells: dict[str, list] = {"idle": [], "wasted": [], "busy": []}
+    for slot in range(result.num_slots):
+        column = [row[slot] for row in result.timeline]
+        for start, length, rid in _runs(column):
+            if rid is not None:
+                cells["busy"].append((slot, start, length, rid))
+                continue
+            waiting = [result.waiting[t] > 0 for t in range(start, start + length)]
+            for s2, l2, w in _runs(waiting):
+                cells["wasted" if w else "idle"].append((slot, start + s2, l2, None))
+    return cells
+
+
 REQUEST_COLORS = [_CMAP(i) for i in range(20)]
 
 
@@ -57,40 +77,42 @@ def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels
     if labels is None:
         labels = len(result.requests) <= 30
     # one collection per kind of cell: a few artists instead of hundreds keeps redraws (animations) fast
-    busy, busy_colors, idle, waste = [], [], [], []
-    for slot in range(result.num_slots):
-        col = [row[slot] for row in result.timeline]
-        for start, length, rid in _runs(col):
-            if rid is None:
-                # split the idle run by whether anyone was waiting
-                flags = [result.waiting[t] > 0 for t in range(start, start + length)]
-                for s2, l2, w in _runs(flags):
-                    (waste if w else idle).append(_rect(start + s2, slot, l2))
-            else:
-                busy.append(_rect(start, slot, length))
-                busy_colors.append(colors[rid])
-                if labels and length >= max(1, steps / 40):
-                    ax.text(start + length / 2, slot, str(rid), ha="center", va="center", fontsize=9)
-    ax.add_collection(PolyCollection(idle, facecolors=IDLE, linewidths=0))
+    cells = gantt_cells(result)
+    if labels:
+        for slot, start, length, rid in cells["busy"]:
+            if length >= max(1, steps / 40):
+                ax.text(start + length / 2, slot, str(rid), ha="center", va="center", fontsize=9)
+    ax.add_collection(PolyCollection(_rects(cells["idle"]), facecolors=IDLE, linewidths=0))
     if hatch:
-        ax.add_collection(PolyCollection(waste, facecolors="white", edgecolors=WASTE, hatch="////", linewidths=0))
+        ax.add_collection(PolyCollection(_rects(cells["wasted"]), facecolors="white", edgecolors=WASTE, hatch="////",
+                                         linewidths=0))
     else:
-        ax.add_collection(PolyCollection(waste, facecolors=WASTE_FILL, linewidths=0))
-    ax.add_collection(PolyCollection(busy, facecolors=busy_colors, edgecolors="white", linewidths=0.5))
+        ax.add_collection(PolyCollection(_rects(cells["wasted"]), facecolors=WASTE_FILL, linewidths=0))
+    ax.add_collection(PolyCollection(_rects(cells["busy"]), facecolors=[colors[c[3]] for c in cells["busy"]],
+                                     edgecolors="white", linewidths=0.5))
     ax.set_xlim(0, xmax or max(steps, 1))
-    ax.set_ylim(result.num_slots - 0.5, -0.5)
-    ax.set_yticks(range(result.num_slots))
-    ax.set_yticklabels([f"slot {s}" for s in range(result.num_slots)] if result.num_slots <= 16 else
-                       [str(s) if s % 4 == 0 else "" for s in range(result.num_slots)])
+    slot_axis(ax, result.num_slots)
     ax.set_xlabel("step")
     ax.set_title(title if title is not None else
                  f"{result.name or 'schedule'}: {steps} steps, {result.utilization:.0%} of slot-steps busy",
                  loc="left", fontsize=11)
     if legend:
-        ax.legend(handles=[Patch(facecolor="white", edgecolor=WASTE, hatch="////", label="idle while requests wait"),
-                           Patch(color=IDLE, label="idle, queue empty")],
-                  loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=9, frameon=False)
+        gantt_legend(ax)
     return ax
+
+
+def slot_axis(ax: Any, num_slots: int) -> None:
+    """A y axis of slots, slot 0 on top: each labelled up to 16 slots, every fourth beyond."""
+    ax.set_ylim(num_slots - 0.5, -0.5)
+    ticks = range(0, num_slots, 1 if num_slots <= 16 else 4)
+    ax.set_yticks(list(ticks), [f"slot {s}" if num_slots <= 16 else str(s) for s in ticks])
+
+
+def gantt_legend(ax: Any) -> None:
+    """The Gantt chart's key, above the axes on the right: what the two kinds of idle cell mean."""
+    ax.legend(handles=[Patch(facecolor="white", edgecolor=WASTE, hatch="////", label="idle while requests wait"),
+                       Patch(color=IDLE, label="idle, queue empty")],
+              loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=9, frameon=False)
 
 
 def utilization_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = None) -> Any:

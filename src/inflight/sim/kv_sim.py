@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from inflight.engine.block_manager import blocks_needed
 from inflight.sim.engine_sim import SimEngine
 from inflight.sim.workloads import Request
 
-__all__ = ["KVTimeline", "simulate_kv", "lengths_of", "utilization_table", "tail_waste_estimate",
+__all__ = ["KVTimeline", "simulate_kv", "kv_engine", "kv_steps", "lengths_of", "utilization_table", "tail_waste_estimate",
            "requests_that_fit"]
 
 
@@ -85,17 +85,12 @@ class KVTimeline:
                 "preemptions": self.preemptions}
 
 
-def simulate_kv(requests: Iterable[Any], layout: str = "paged", *, block_size: int = 16,
-                max_len: int | None = None, pool_slots: int | None = None,
-                max_batch_size: int | None = None, watermark: float = 0.01) -> KVTimeline:
-    """Run `requests` (all waiting at step 0, FCFS) through a KV pool of `pool_slots` token slots.
-
-    `layout`: "contiguous" (reserve `max_len` per request) or "paged" (blocks of `block_size`).
-    `max_len` defaults to the workload's longest prompt + longest output (what a server must
-    allow); `pool_slots` defaults to 32 contiguous reservations. `watermark`: the fraction of
-    paged blocks admission leaves free for running requests to grow into (vLLM's 1%).
-    The steps are the engine's own (`SimEngine`: reap, budget, admit, preempt, decode), with whole
-    prompts prefilled at admission; each step records the tokens whose KV is in the cache."""
+def kv_engine(requests: Iterable[Any], layout: str = "paged", *, block_size: int = 16,
+              max_len: int | None = None, pool_slots: int | None = None,
+              max_batch_size: int | None = None, watermark: float = 0.01) -> tuple[SimEngine, int]:
+    """The engine `simulate_kv` runs (its arguments), before its first step, and the pool's slots
+    (`pool_slots`, or its default). Its blocks are `sim.scheduler.block_size` slots: `block_size`
+    for the paged layout, `max_len` for the contiguous one."""
     reqs = lengths_of(requests)
     if not reqs:
         raise ValueError("no requests")
@@ -118,17 +113,45 @@ def simulate_kv(requests: Iterable[Any], layout: str = "paged", *, block_size: i
                     block_size=unit, max_batch_size=batch, max_batched_tokens=max(batch, 10**9),
                     enable_chunked_prefill=False,
                     watermark_blocks=int(watermark * num_blocks) if layout == "paged" else 0)
+    return sim, pool_slots
+
+
+def kv_steps(sim: SimEngine) -> Iterator[SimEngine]:
+    """Step `sim` (from `kv_engine`) in the engine's order until every request is done, yielding it
+    after each step: its scheduler's running requests, their block tables and computed tokens are
+    what the pool holds then."""
+    requests = [r for _, r in sim.pending]
+    guard = 100 * (max((r.prompt_len + r.output_len for r in requests), default=0) + len(requests))
+    while not sim.done():
+        sim.run_step(SimEngine.step_in_order)
+        yield sim
+        if sim.step_no > guard:
+            raise RuntimeError("the KV simulation made no progress")  # a guard: the engine's rules never loop
+
+
+def simulate_kv(requests: Iterable[Any], layout: str = "paged", *, block_size: int = 16,
+                max_len: int | None = None, pool_slots: int | None = None,
+                max_batch_size: int | None = None, watermark: float = 0.01) -> KVTimeline:
+    """Run `requests` (all waiting at step 0, FCFS) through a KV pool of `pool_slots` token slots.
+
+    `layout`: "contiguous" (reserve `max_len` per request) or "paged" (blocks of `block_size`).
+    `max_len` defaults to the workload's longest prompt + longest output (what a server must
+    allow); `pool_slots` defaults to 32 contiguous reservations. `watermark`: the fraction of
+    paged blocks admission leaves free for running requests to grow into (vLLM's 1%).
+    The steps are the engine's own (`SimEngine`: reap, budget, admit, preempt, decode), with whole
+    prompts prefilled at admission; each step records the tokens whose KV is in the cache."""
+    sim, pool_slots = kv_engine(requests, layout, block_size=block_size, max_len=max_len, pool_slots=pool_slots,
+                                max_batch_size=max_batch_size, watermark=watermark)
+    unit = sim.scheduler.block_size
     tokens_t, reserved_t, ceiling_t, running_t = [], [], [], []
     preemptions = 0
-    while not sim.done():
-        preemptions += sim.run_step(SimEngine.step_in_order)["preempted"]
+    for sim in kv_steps(sim):
+        preemptions += sim.log[-1]["preempted"]
         running = sim.scheduler.running  # (finished ones hold their blocks until the next reap)
         tokens_t.append(sum(s.num_computed_tokens for s in running))
         reserved_t.append(sim.scheduler.allocator.num_used * unit)
         ceiling_t.append(sum(blocks_needed(s.num_computed_tokens, unit) * unit for s in running))
         running_t.append(len(running))
-        if sim.step_no > 100 * (longest + len(reqs)):
-            raise RuntimeError("the KV simulation made no progress")  # a guard: the engine's rules never loop
     finished = sum(s.finish_reason is not None for s in sim.seqs)
     return KVTimeline(layout, unit, pool_slots, np.array(tokens_t), np.array(reserved_t),
                       np.array(ceiling_t), np.array(running_t), preemptions, finished)
