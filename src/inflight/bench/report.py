@@ -57,6 +57,7 @@ def format_report(results: dict[str, Any]) -> str:
             out += ["", f"== {name}: {w['requests']} requests, {w['useful_tokens']} tokens to generate ==",
                     format_table(w["modes"]), _ideal_line(w["ideal"])]
     out += _online_lines(results["workloads"].get("online"))
+    out += _fair_lines(results.get("fair") or {})
     out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
     out += _floor_lines(results.get("time_floor") or {})
     for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
@@ -111,6 +112,25 @@ def _online_lines(online: dict[str, Any] | None) -> list[str]:
             out.append(f"  rate {e['rate_requests_per_s']:6.2f}/s ({frac}x) {MODE_TITLES[m]:28} "
                        f"{v['tokens_per_s']:7.0f} tok/s  TTFT p50 {_f(v['ttft_p50_s'], '.0f', 1e3)} ms "
                        f"p99 {_f(v['ttft_p99_s'], '.0f', 1e3)} ms  TPOT p50 {_f(v['tpot_p50_s'], '.1f', 1e3)} ms")
+    return out
+
+
+def _fair_lines(fair: dict[str, Any]) -> list[str]:
+    """The comparison with the peers by the fair protocol (`bench.fair`), when it ran."""
+    if fair.get("status") != "ok":
+        return ["", f"fair comparison with the peers: {fair.get('status', 'not run')} "
+                    f"({fair.get('reason') or fair.get('error') or ''})"] if fair else []
+    rounds = len(fair["rounds"])
+    out = ["", f"fair comparison with the peers (each in its own process at its best setting, {rounds} alternating "
+               f"round{'s' if rounds > 1 else ''}; the table above ran every mode in this one process):"]
+    for name, v in fair["summary"]["contenders"].items():
+        best = fair["settings"][name]["best"]["label"]
+        out.append(f"  {MODE_TITLES.get(name, name):30} median {_f(v['median'], '.0f')} tok/s, range "
+                   f"{_f(v['min'], '.0f')}-{_f(v['max'], '.0f')} (best setting: {best})")
+    for pair, r in fair["summary"]["ratios"].items():
+        if r["n"]:
+            out.append(f"  {pair}: median {r['median']:.2f}x, range {r['min']:.2f}-{r['max']:.2f}x")
+    out.append("  every process's tokens identical to the reference: " + ("yes" if fair["all_tokens_identical"] else "NO"))
     return out
 
 
