@@ -24,20 +24,20 @@ __all__ = ["main", "measure"]
 
 
 def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool = False, model_name: str | None = None,
-            weights: str | None = None, **shape: Any) -> dict[str, Any]:
+            weights: str | None = None, device: str = "cpu", **shape: Any) -> dict[str, Any]:
     """Warm up, then time `mode` once on the long-tailed workload of `n` requests (`shape`: its
     `prompt_range`, `output_mean`, `output_cap`) with the benchmark's model `model_name` (None: the
-    tiny model) or the one saved at `weights` (`bench.models.save_model`), in float32 on the CPU: every
-    process's tokens must be the same."""
+    tiny model) or the one saved at `weights` (`bench.models.save_model`), in float32 (every process's
+    tokens must be the same) on `device`."""
     import torch
 
     from inflight.bench.config import BenchConfig
-    from inflight.bench.metrics import ideal_speedup
+    from inflight.bench.metrics import ideal_speedup, summarize
     from inflight.bench.suite import _plan, _setup, run_mode
     from inflight.bench.models import load_model, load_saved
     from inflight.threads import LoadWatch, passive_wait_in_effect
 
-    model = load_saved(weights) if weights else load_model(model_name, "cpu", "float32", seed).model
+    model = load_saved(weights).to(device) if weights else load_model(model_name, device, "float32", seed).model
     cfg = BenchConfig(n=n, seed=seed, batch_size=batch_size, modes=[mode], **shape)
     setup = _setup(cfg, model)
     if mode.startswith("hf_") and setup.hf is None:
@@ -53,8 +53,8 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
            "work_bound_ideal": ideal_speedup(lt, batch_size)["work_bound_speedup"],
            "torch_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
            "passive_wait": passive_wait_in_effect(), "kernels": _kernels(), "load": watch.as_dict()}
-    if rec.engine_stats:
-        out["engine"] = {k: rec.engine_stats[k] for k in ("steps", "full_batch_step_ms") if k in rec.engine_stats}
+    # the benchmark's per-mode summary (latencies, forward calls, time outside the forward pass, ...)
+    out["summary"] = {k: v for k, v in summarize(rec, lt, None).items() if k not in ("work_per_step", "batch_over_time")}
     if floor:
         out["floor"] = _floor(model, rec, lt)
     return out
@@ -82,7 +82,7 @@ def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
         raise ValueError(f"mode {rec.mode!r} records no per-step work: the floor is for engine modes")
     run = {"work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens}, "wall_s": rec.wall,
            "useful_tokens": workload.useful_tokens}
-    fl = time_floor(model, run, measure_memory_bandwidth("cpu"), kv_bytes_per_token(model))
+    fl = time_floor(model, run, measure_memory_bandwidth(model.device), kv_bytes_per_token(model))
     fl["wall_over_floor"] = rec.wall / (fl["linear_layers_s"] + fl["kv_read_s"])
     return fl
 
@@ -99,13 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output-cap", type=int, default=None)
     p.add_argument("--model", default=None, help="the benchmark's --model (default: the tiny model)")
     p.add_argument("--weights", default=None, help="a model saved by bench.models.save_model (instead of --model)")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--floor", action="store_true", help="also measure this run's floor (engine modes)")
     a = p.parse_args(argv)
     if a.num_requests < 1 or a.batch_size < 1:
         p.error("--num-requests and --batch-size must be >= 1")
     shape = {k: v for k, v in (("prompt_range", tuple(a.prompt_range) if a.prompt_range else None),
                                ("output_mean", a.output_mean), ("output_cap", a.output_cap)) if v is not None}
-    res = measure(a.mode, a.num_requests, a.seed, a.batch_size, a.floor, a.model, a.weights, **shape)
+    res = measure(a.mode, a.num_requests, a.seed, a.batch_size, a.floor, a.model, a.weights, a.device, **shape)
     text = json.dumps(res)
     path = os.environ.get("INFLIGHT_RESULT")
     if path:

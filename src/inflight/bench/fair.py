@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = ["Setting", "Contender", "openmp_settings", "run_process", "TokenReference", "search", "alternate",
-           "summarize", "compare", "RESULT_VAR"]
+           "summarize", "spread", "compare", "RESULT_VAR"]
 
 RESULT_VAR = "INFLIGHT_RESULT"
 Log = Callable[[str], None]
@@ -205,11 +205,11 @@ def summarize(rows: list[dict[str, dict[str, Any]]], pairs: Sequence[tuple[str, 
     """Each contender's median and range over the rounds; each pair's ratio per round (a over b,
     only rounds where both have a figure), with its median and range."""
     names = list(rows[0]) if rows else []
-    per = {n: _spread([r[n]["value"] for r in rows if r[n]["value"] is not None]) for n in names}
+    per = {n: spread([r[n]["value"] for r in rows if r[n]["value"] is not None]) for n in names}
     ratios = {}
     for a, b in pairs:
         xs = [r[a]["value"] / r[b]["value"] for r in rows if r[a]["value"] and r[b]["value"]]
-        ratios[f"{a}/{b}"] = {"per_round": xs, **_spread(xs)}
+        ratios[f"{a}/{b}"] = {"per_round": xs, **spread(xs)}
     return {"contenders": per, "ratios": ratios}
 
 
@@ -270,7 +270,8 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _spread(xs: list[float]) -> dict[str, Any]:
+def spread(xs: list[float]) -> dict[str, Any]:
+    """Median, lowest, highest and how many (None for each of the first three when there are none)."""
     return {"median": _median(xs), "min": min(xs, default=None), "max": max(xs, default=None), "n": len(xs)}
 
 

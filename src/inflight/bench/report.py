@@ -9,7 +9,7 @@ from typing import Any
 
 from inflight.bench.config import MODE_TITLES, MODES
 
-__all__ = ["format_table", "format_report", "save_results", "print_and_save"]
+__all__ = ["format_table", "format_report", "format_fair", "save_results", "print_and_save"]
 
 
 def _f(x: Any, fmt: str, scale: float = 1.0) -> str:
@@ -57,7 +57,9 @@ def format_report(results: dict[str, Any]) -> str:
             out += ["", f"== {name}: {w['requests']} requests, {w['useful_tokens']} tokens to generate ==",
                     format_table(w["modes"]), _ideal_line(w["ideal"])]
     out += _online_lines(results["workloads"].get("online"))
-    out += _fair_lines(results.get("fair") or {})
+    fair = results.get("fair") or {}
+    out += ["", format_fair(fair)] if fair.get("status") == "ok" else \
+        (["", f"fair comparison with the peers: {fair['status']} ({fair.get('reason') or fair.get('error')})"] if fair else [])
     out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
     out += _floor_lines(results.get("time_floor") or {})
     for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
@@ -115,23 +117,22 @@ def _online_lines(online: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def _fair_lines(fair: dict[str, Any]) -> list[str]:
-    """The comparison with the peers by the fair protocol (`bench.fair`), when it ran."""
-    if fair.get("status") != "ok":
-        return ["", f"fair comparison with the peers: {fair.get('status', 'not run')} "
-                    f"({fair.get('reason') or fair.get('error') or ''})"] if fair else []
+def format_fair(fair: dict[str, Any]) -> str:
+    """The comparison with the peers by the fair protocol (`bench.fair`, `bench.side_by_side`):
+    each system's median and range, its setting, each ratio's median and range, the token check."""
     rounds = len(fair["rounds"])
-    out = ["", f"fair comparison with the peers (each in its own process at its best setting, {rounds} alternating "
-               f"round{'s' if rounds > 1 else ''}; the table above ran every mode in this one process):"]
+    searched = fair.get("search_rounds") and any(v["tried"] for v in fair["settings"].values())
+    out = [f"fair comparison with the peers: each system in its own process, {rounds} alternating round"
+           f"{'s' if rounds > 1 else ''}, at " + ("the best of its settings (searched)" if searched else
+                                                  "its library's own settings (not searched here)")]
     for name, v in fair["summary"]["contenders"].items():
-        best = fair["settings"][name]["best"]["label"]
         out.append(f"  {MODE_TITLES.get(name, name):30} median {_f(v['median'], '.0f')} tok/s, range "
-                   f"{_f(v['min'], '.0f')}-{_f(v['max'], '.0f')} (best setting: {best})")
+                   f"{_f(v['min'], '.0f')}-{_f(v['max'], '.0f')} ({fair['settings'][name]['best']['label']})")
     for pair, r in fair["summary"]["ratios"].items():
         if r["n"]:
             out.append(f"  {pair}: median {r['median']:.2f}x, range {r['min']:.2f}-{r['max']:.2f}x")
     out.append("  every process's tokens identical to the reference: " + ("yes" if fair["all_tokens_identical"] else "NO"))
-    return out
+    return "\n".join(out)
 
 
 def _limits_lines(lim: dict[str, Any], modes: dict[str, Any]) -> list[str]:

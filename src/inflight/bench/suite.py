@@ -268,18 +268,17 @@ def _fair_section(cfg: BenchConfig, model: Any, lt: Workload, reference: dict[st
                   results: dict[str, Any], log: Log) -> dict[str, Any]:
     """The paged engine against the transformers peers by the fair protocol (`bench.side_by_side`:
     each in its own process at its best setting, alternating), on the long-tailed workload, every
-    process checked against this run's sequential tokens. The table above ran every mode in this one
-    process, with this process's settings: not a comparison between systems."""
+    process checked against this run's sequential tokens -- whichever modes the table ran: the table
+    runs every mode in this one process, with this process's settings, which is no comparison
+    between systems."""
     import tempfile
 
     from inflight.bench import fair, side_by_side
     from inflight.bench.models import save_model
 
     why = ("fair_rounds is 0" if not cfg.fair_rounds else
-           "needs both transformers modes" if not {"hf_static", "hf_continuous"} <= set(cfg.modes) else
            "needs the long-tailed workload" if "long_tailed" not in cfg.workloads else
-           "needs exact tokens (float32) on the CPU" if reference is None or str(results["model"]["device"]) != "cpu"
-           else None)
+           "needs exact tokens (float32)" if reference is None else None)
     if why:
         return {"status": "skipped", "reason": why}
     with tempfile.TemporaryDirectory(prefix="inflight-fair-") as tmp:
@@ -287,7 +286,7 @@ def _fair_section(cfg: BenchConfig, model: Any, lt: Workload, reference: dict[st
         ref = fair.TokenReference.save(path, reference, "this benchmark's sequential run (python -m inflight.bench)")
         # the contenders load this very model (whatever it is: a checkpoint, the tiny one, a notebook's)
         shape = dict(prompt_range=cfg.prompt_range, output_mean=cfg.output_mean, output_cap=cfg.output_cap,
-                     seed=cfg.seed, weights=save_model(model, str(Path(tmp) / "model.pt")))
+                     seed=cfg.seed, weights=save_model(model, str(Path(tmp) / "model.pt")), device=str(model.device))
         try:
             return side_by_side.run(len(lt.requests), cfg.fair_rounds, cfg.fair_search_rounds,
                                     min(cfg.fair_search_n, len(lt.requests)), False, path, batch_size=cfg.batch_size,
