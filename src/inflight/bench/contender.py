@@ -61,15 +61,16 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
 
 
 def _kernels() -> dict[str, Any]:
-    """Where the C kernels ran: the package's pool or torch's OpenMP team (a tree without the pool
-    -- an older commit measured for comparison -- has only the latter)."""
+    """Where the C kernels ran last (the governor may move them step by step): the package's pool or
+    torch's OpenMP team (a tree without the pool -- an older commit measured for comparison -- has
+    only the latter)."""
     try:
-        from inflight.model import thread_pool
+        from inflight.model import cpu_attention, thread_pool
     except ImportError:
         return {"on": "OpenMP (torch's team)", "pool": None}
     stats = thread_pool.stats()
-    return {"on": "OpenMP (torch's team)" if thread_pool.on_openmp() or stats is None else "inflight thread pool",
-            "pool": stats}
+    on_pool = cpu_attention.parallel_backend() == "inflight thread pool" and not thread_pool.on_openmp()
+    return {"on": "inflight thread pool" if on_pool else "OpenMP (torch's team)", "pool": stats}
 
 
 def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
