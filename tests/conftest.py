@@ -1,7 +1,14 @@
 """Shared fixtures for the tests."""
 from __future__ import annotations
 
-import pytest
+import os
+
+# Plain `pytest` (as the README gives it) must work without a display: the tests that draw use the
+# headless backend, unless the caller chose one. (Only the tests: a notebook kernel started with
+# MPLBACKEND=Agg would draw nothing, so the book build and `pytest chapters` never set it.)
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
 import torch
 
 from inflight.model.llama import LlamaConfig, LlamaModel

@@ -70,7 +70,7 @@ def test_a_loop_on_one_line_is_stopped():
 def test_results_that_do_not_compare_or_print_fail_with_a_report(make, shown):
     res = check_continuous_scheduler(returning(make), quiet=True)
     assert not res and not res.timed_out
-    assert "0/35 cases passed" in res.report and shown in res.report
+    assert "0/37 cases passed" in res.report and shown in res.report
 
 
 def test_a_result_whose_eq_never_returns_is_reported_as_a_hang():

@@ -3,7 +3,7 @@ cases, not because the two happen to agree on the first failing case (issue 13).
 
 Each "coincidence" below gives the same wrong answer as a known mistake on its first failing case
 and something else on most other failures; the grader must still show that first failing case and
-must say the mistake is not one it knows. (Every known mistake is still named as itself: the
+must not name that mistake (a pattern the answers do show may be named). (Every known mistake is still named as itself: the
 mutant tests in test_graders_*.py.)
 """
 import pytest
@@ -68,9 +68,11 @@ COINCIDENCES = [
 def test_a_coincidence_on_one_case_is_not_named(check, candidate, capsys):
     result = check(candidate)
     out = capsys.readouterr().out
-    assert not result and result.mistake is None and result.failed_case, result.report
+    assert not result and result.failed_case, result.report
     assert "First failing case:" in out and "expected:" in out and "got:" in out
-    assert "Not a mistake I know" in out and "classic mistake" not in out
+    # no known mistake is named (a pattern the answers really show may be: e.g. "admitted B before A")
+    assert "classic mistake" not in out
+    assert sum(line.startswith(("💡", "🤔")) for line in out.splitlines()) == 1
 
 
 def test_shortest_first_agrees_with_lifo_on_the_first_failing_case_only():
@@ -112,4 +114,4 @@ def test_the_mistake_must_match_the_failing_case_shown():
     cases, reference, candidate, _ = _toy(1.0)
     # reproduces every failure except the first one, which is the one the report shows
     mistake = Mistake("toy", "toy", lambda i: 2 if i == 0 else (1 if i < 8 else 0))
-    assert grade("toy", candidate, reference, cases, [mistake], quiet=True).mistake is None
+    assert grade("toy", candidate, reference, cases, [mistake], quiet=True).mistake != "toy"

@@ -69,11 +69,12 @@ def test_mutants_rejected_with_the_right_explanation(mutant, mistake):
     result = check_kv_bytes_per_token(mutant, quiet=True)
     assert not result
     assert result.mistake == mistake, result.report
+    assert result.report.count("💡") == 1 and "🤔" not in result.report  # one diagnosis, never contradicted
 
 
-def test_unknown_wrong_answer_fails_without_a_named_mistake():
+def test_a_constant_answer_is_named_as_such():
     result = check_kv_bytes_per_token(lambda c, b: 12345, quiet=True)
-    assert not result and result.mistake is None and result.failed_case
+    assert not result and result.mistake == "the same answer for every model" and result.failed_case
 
 
 def test_stub_is_not_implemented():

@@ -90,7 +90,21 @@ def one_token_per_request(state):
                   state.max_batched_tokens - len(state.running), state.max_batch_size - len(state.running))
 
 
+def rounds_down(state):
+    bs = state.block_size
+    promised = sum(max(0, (r.num_computed_tokens + r.num_scheduled_tokens) // bs - r.num_blocks) for r in state.running)
+    return Budget(state.num_free_blocks - promised - state.watermark_blocks, _left_tokens(state),
+                  state.max_batch_size - len(state.running))
+
+
+def tokens_per_request(state):
+    b = right(state)
+    return Budget(b.blocks, state.max_batched_tokens - len(state.running), b.slots)
+
+
 MUTANTS = [
+    (rounds_down, "blocks needed rounded down", "floor division"),
+    (tokens_per_request, "tokens counted per request", "chunk"),
     (forgets_watermark, "the watermark is forgotten", "watermark"),
     (reserves_nothing, "nothing reserved for the running requests", "preemptions"),
     (every_decode_takes_a_block, "a new block for every decode", "last block is full"),
@@ -107,16 +121,28 @@ def test_every_mistake_is_named_as_itself_with_measured_numbers():
         result = check_budget(mutant, quiet=True)
         assert not result, name
         assert result.mistake == name, (name, result.mistake, result.report)
+        assert result.report.count("💡") == 1 and "🤔" not in result.report
         assert words in result.explanation, (name, result.explanation)
         assert any(ch.isdigit() for ch in result.explanation), "explanations quote measured numbers"
 
 
-def test_an_unknown_mistake_is_not_named():
+def test_a_slip_in_one_field_is_located():
+    """No known mistake, but the report says which of the three numbers is wrong, and by how much."""
     def off_by_one_slot(state):
         b = right(state)
         return Budget(b.blocks, b.tokens, b.slots - 1)
     result = check_budget(off_by_one_slot, quiet=True)
-    assert not result and result.mistake is None
+    assert not result and result.mistake == "only slots is wrong", result.report
+    assert "always -1" in result.explanation and "max_batch_size − len(running)" in result.explanation
+
+
+def test_numpy_ints_pass_and_floats_are_named():
+    import numpy as np
+
+    assert check_budget(lambda s: Budget(*(np.int64(v) for v in (right(s).blocks, right(s).tokens, right(s).slots))),
+                        quiet=True)
+    result = check_budget(lambda s: Budget(right(s).blocks * 1.0, right(s).tokens, right(s).slots), quiet=True)
+    assert not result and result.mistake == "is a float" and "Budget.blocks is a float" in result.explanation
 
 
 def test_the_measured_consequences_are_real():

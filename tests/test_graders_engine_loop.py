@@ -101,6 +101,7 @@ def test_each_mutant_is_recognised_with_a_measured_explanation():
         result = check_engine_loop(mutant, quiet=True)
         assert not result, name
         assert result.mistake == name, (name, result.mistake, result.report)
+        assert result.report.count("💡") == 1 and "🤔" not in result.report
         assert words in result.explanation, (name, result.explanation)
         assert any(ch.isdigit() for ch in result.explanation), "explanations quote measured numbers"
 

@@ -35,6 +35,7 @@ def test_blocks_needed_accepts_correct(fn):
 def test_blocks_needed_rejects_mutants(fn, mistake):
     r = check_blocks_needed(fn, quiet=True)
     assert not r and r.mistake == mistake, r.report
+    assert r.report.count("💡") == 1 and "🤔" not in r.report
 
 
 def test_blocks_needed_stub():
@@ -85,6 +86,7 @@ def _slots_table_len(t, ps, bs):
 def test_slot_mapping_rejects_mutants(fn, mistake):
     r = check_slot_mapping(fn, quiet=True)
     assert not r and r.mistake == mistake, r.report
+    assert r.report.count("💡") == 1 and "🤔" not in r.report
 
 
 def test_slot_mapping_stub():
@@ -106,10 +108,12 @@ class StackAllocator(StarterAllocator):
         return taken
 
     def free(self, blocks):
+        wanted = {}
         for b in blocks:
             if b < 0 or b >= self.num_blocks:
                 raise ValueError("unknown")
-            if not self.ref_counts[b]:
+            wanted[b] = wanted.get(b, 0) + 1
+            if wanted[b] > self.ref_counts[b]:
                 raise ValueError("double")
         for b in blocks:
             self.ref_counts[b] -= 1
@@ -229,6 +233,7 @@ class OneError(StackAllocator):
 def test_allocator_rejects_mutants(cls, mistake):
     r = check_allocator(cls, quiet=True)
     assert not r and r.mistake == mistake, r.report
+    assert r.report.count("💡") == 1 and "🤔" not in r.report
 
 
 def test_allocator_stub_and_type_error():

@@ -359,6 +359,7 @@ def test_mutant_rejected_with_the_right_explanation(check, mutant, name, capsys)
     result = check(mutant)
     assert not result
     assert result.mistake == name, f"{mutant.__name__}: recognised as {result.mistake!r}, expected {name!r}"
+    assert result.report.count("💡") == 1 and "🤔" not in result.report
     out = capsys.readouterr().out
     assert "expected:" in out and "got:" in out and name in out
 

@@ -137,6 +137,7 @@ def test_mutants_are_caught_and_explained(mutant, mistake):
     res = check_serving_metrics(mutant, quiet=True)
     assert not res
     assert res.mistake == mistake, (res.mistake, res.report)
+    assert res.report.count("💡") == 1 and "🤔" not in res.report
     assert res.explanation
 
 
@@ -150,4 +151,4 @@ def test_crashing_answer_fails_cleanly():
 
 def test_wrong_return_type_fails():
     res = check_serving_metrics(lambda tl: [1, 2, 3], quiet=True)
-    assert not res and "not a dict" in str(res.got)
+    assert not res and res.mistake == "returned a list" and "return a dict" in res.report

@@ -119,6 +119,7 @@ def m_mid_block(tokens, bs, cached):  # keeps one token, but cuts a block in hal
 def test_prefix_hit_rejects_mutants(fn, mistake):
     r = check_prefix_hit(fn, quiet=True)
     assert not r and r.mistake == mistake, r.report
+    assert r.report.count("💡") == 1 and "🤔" not in r.report
 
 
 def test_prefix_hit_rejects_a_different_hash_without_a_named_mistake():
@@ -211,6 +212,7 @@ def v_oldest(running):
 def test_choose_victim_rejects_mutants(fn, mistake):
     r = check_choose_victim(fn, quiet=True)
     assert not r and r.mistake == mistake, r.report
+    assert r.report.count("💡") == 1 and "🤔" not in r.report
 
 
 def test_choose_victim_stub():

@@ -19,9 +19,15 @@ MAX_FUNCTION_LINES = 62   # "no function over ~60 lines" (Triton kernels excepte
 # what each layer may not import (lower layers never import upper ones)
 FORBIDDEN = {
     "model": ("inflight.engine", "inflight.sim", "inflight.bench", "inflight.book", "inflight.exercises"),
-    "engine": ("inflight.sim", "inflight.bench", "inflight.book", "inflight.exercises"),
-    "sim": ("inflight.bench", "inflight.book", "inflight.exercises"),
+    "engine": ("inflight.sim", "inflight.bench", "inflight.book", "inflight.exercises", "inflight.serve"),
+    "sim": ("inflight.bench", "inflight.book", "inflight.exercises", "inflight.serve"),
+    # the server stands on the engine and the model only
+    "serve": ("inflight.sim", "inflight.bench", "inflight.book", "inflight.exercises"),
 }
+FORBIDDEN["model"] += ("inflight.serve",)
+# the load generator is a pure HTTP client (it must measure vLLM's server too): no engine, model or
+# server code, and of the benchmark only its own client modules
+PURE_CLIENT = ("inflight.bench.serve", "inflight.bench.serve_client", "inflight.bench.serve_stats")
 
 
 def _module_name(path: Path) -> str:
@@ -67,6 +73,28 @@ def test_layers_import_only_downward():
             if any(imported == f or imported.startswith(f + ".") for f in FORBIDDEN.get(layer, ())):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
     assert not bad, "layer rule broken:\n" + "\n".join(bad)
+
+
+def test_the_load_generator_is_a_pure_http_client():
+    mods = _modules()
+    bad = []
+    for name in PURE_CLIENT:
+        for imported, line in _imports(mods[name]):
+            own = imported in PURE_CLIENT or imported.rsplit(".", 1)[0] in PURE_CLIENT
+            if imported.startswith("inflight") and not own or \
+                    imported.split(".")[0] in ("torch", "triton", "transformers", "fastapi", "uvicorn"):
+                bad.append(f"{name}:{line} imports {imported}")
+    assert not bad, "bench.serve must import no engine code:\n" + "\n".join(bad)
+
+
+def test_the_load_generator_runs_without_torch(tmp_path):
+    script = BLOCK_TORCH + textwrap.dedent("""
+        from inflight.bench import serve, serve_client, serve_stats
+        assert serve.arrival_times(5, 2.0)[0] == 0.0
+        assert "torch" not in sys.modules and "inflight.engine" not in sys.modules
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_root_modules_import_no_layer():

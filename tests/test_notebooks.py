@@ -14,7 +14,7 @@ import yaml
 import inflight
 from inflight.book import make_learner, myst
 from inflight.book.glue import PLACEHOLDER
-from inflight.book.notebook import COLAB_LINK, colab_link, read_repository, release_tag, setup_cell
+from inflight.book.notebook import COLAB_LINK, chapter_extras, colab_link, read_repository, release_tag, setup_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -64,7 +64,8 @@ def test_setup_cell_and_colab_link(path):
     url, _branch = read_repository(ROOT / "_config.yml")
     cells = _cells(path)
     fix = "run: python -m inflight.book.notebook chapters/"
-    assert _src(cells[0]) == setup_cell(url), f"{path.name}: first cell must be setup_cell() ({fix})"
+    extras = chapter_extras(json.loads(path.read_text(encoding="utf-8")))
+    assert _src(cells[0]) == setup_cell(url, extras=extras), f"{path.name}: first cell must be setup_cell() ({fix})"
     assert f'"{release_tag()}"' in _src(cells[0])
     link = colab_link(url, path.name)
     links = [m for c in cells if c["cell_type"] == "markdown" for m in COLAB_LINK.findall(_src(c))]
@@ -109,17 +110,29 @@ def test_run_time_imports_are_dependencies():
     deps_block = re.search(r"(?ms)^dependencies = \[(.*?)^\]", pyproject).group(1)
     deps = {re.split(r"[<>=!~\[ ;]", d.strip().strip('",'))[0] for d in deps_block.splitlines() if d.strip().strip('",')}
     allowed = {IMPORT_NAMES.get(d, d) for d in deps} | COLAB_SET | set(OPTIONAL)
-    used = {}
+    serve = _extra(pyproject, "serve")  # the server's extra: for the server, its load generator, and the
+    used = {}                           # chapters whose setup cell installs it
     for path in CHAPTERS:
+        mine = allowed | (serve if "serve" in chapter_extras(json.loads(path.read_text(encoding="utf-8"))) else set())
         for cell in _cells(path):
             if cell["cell_type"] == "code":
                 for name in _imports(_src(cell)):
-                    used.setdefault(name, path.name)
+                    if name not in mine:
+                        used.setdefault(name, path.name)
     for path in (ROOT / "src" / "inflight").rglob("*.py"):
+        rel = path.relative_to(ROOT / "src" / "inflight").as_posix()
+        mine = allowed | (serve if rel.startswith(("serve/", "bench/serve")) else set())
         for name in _imports(path.read_text(encoding="utf-8")):
-            used.setdefault(name, str(path.relative_to(ROOT)))
-    assert not {n: where for n, where in used.items() if n not in allowed}
+            if name not in mine:
+                used.setdefault(name, str(path.relative_to(ROOT)))
+    assert not used
     assert "myst_nb" not in {n for p in CHAPTERS for c in _cells(p) if c["cell_type"] == "code" for n in _imports(_src(c))}
+
+
+def _extra(pyproject: str, name: str) -> set[str]:
+    """Import names of a pyproject extra's packages."""
+    block = re.search(rf'(?m)^{name} = \[(.*?)\]', pyproject).group(1)
+    return {IMPORT_NAMES.get(p, p) for p in re.findall(r'"([^"<>=!~\[ ;]+)', block)}
 
 
 def test_learner_notebooks_in_sync():

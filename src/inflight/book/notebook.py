@@ -20,6 +20,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 SETUP_TEMPLATE = '''\
 # Setup: on Colab, install the release of the book's package this page was written for (Colab
@@ -28,7 +29,7 @@ import sys
 REPO, RELEASE = "{repo}", "{tag}"
 if "google.colab" in sys.modules:
     import subprocess
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{{REPO}}@{{RELEASE}}"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"{package}git+{{REPO}}@{{RELEASE}}"], check=True)
     from google.colab import output
     output.enable_custom_widget_manager()
 import inflight
@@ -53,9 +54,16 @@ def release_tag(version: str | None = None) -> str:
     return f"v{version}"
 
 
-def setup_cell(repo: str, tag: str | None = None) -> str:
-    """The exact source of every chapter's first cell."""
-    return SETUP_TEMPLATE.format(repo=repo, tag=tag or release_tag())
+def setup_cell(repo: str, tag: str | None = None, extras: tuple[str, ...] | list[str] = ()) -> str:
+    """The exact source of every chapter's first cell; `extras` (a chapter's `inflight.extras`
+    metadata, e.g. ["serve"]) are installed with the package on Colab."""
+    package = f"inflight[{','.join(extras)}] @ " if extras else ""
+    return SETUP_TEMPLATE.format(repo=repo, tag=tag or release_tag(), package=package)
+
+
+def chapter_extras(nb: Any) -> list[str]:
+    """The package extras a chapter needs (its notebook metadata `inflight.extras`)."""
+    return list(nb.get("metadata", {}).get("inflight", {}).get("extras", []))
 
 
 def colab_link(repo: str, notebook_name: str, tag: str | None = None) -> str:
@@ -75,7 +83,7 @@ def sync_chapter(path: str | Path, repo: str, tag: str | None = None) -> bool:
     nb = nbformat.reads(text, as_version=4)
     if not nb.cells or nb.cells[0].cell_type != "code":
         raise ValueError(f"{path}: the first cell must be the setup (code) cell")
-    nb.cells[0].source = setup_cell(repo, tag)
+    nb.cells[0].source = setup_cell(repo, tag, chapter_extras(nb))
     link = colab_link(repo, path.name, tag)
     for cell in nb.cells:
         if cell.cell_type == "markdown":

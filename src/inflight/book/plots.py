@@ -1,5 +1,5 @@
-"""Pictures of scheduling: Gantt charts of slots over steps, utilization and memory curves, and a
-static-vs-continuous animation that plays on the website (`to_jshtml`).
+"""Pictures of scheduling: Gantt charts of slots over steps, utilization and memory curves (their
+interactive versions for the site are in `gantt_traces` and the chapters' `explore_*` modules).
 
 Sizes are chosen for the book's text column (about 800 px at 1280 px): figures 8 inches wide at
 100 dpi are shown at their own size, and no text is smaller than 9 pt."""
@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import matplotlib.pyplot as plt
-from matplotlib.animation import FuncAnimation
 from matplotlib.collections import PolyCollection
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Patch
 
 from inflight.sim.simulate import SimResult
 
@@ -34,9 +33,16 @@ def _rect(x: float, slot: int, width: float) -> list[tuple[float, float]]:
     return [(x, slot - 0.4), (x + width, slot - 0.4), (x + width, slot + 0.4), (x, slot + 0.4)]
 
 
+REQUEST_COLORS = [_CMAP(i) for i in range(20)]
+
+
+def color_indices(result: SimResult) -> dict[Any, int]:
+    """Each request's colour, as an index into REQUEST_COLORS (neighbours get distinct colours)."""
+    return {rid: (i * 7) % 20 for i, rid in enumerate(result.requests)}
+
+
 def _colors(result: SimResult) -> dict[Any, Any]:
-    order = {rid: i for i, rid in enumerate(result.requests)}
-    return {rid: _CMAP((i * 7) % 20) for rid, i in order.items()}  # neighbours get distinct colours
+    return {rid: REQUEST_COLORS[i] for rid, i in color_indices(result).items()}
 
 
 def gantt(result: SimResult, ax: Any = None, *, title: str | None = None, labels: bool | None = None,
@@ -119,45 +125,3 @@ def memory_plot(results: dict[str, SimResult] | Sequence[SimResult], ax: Any = N
     ax.set_ylabel("memory in use")
     ax.legend(fontsize=9)
     return ax
-
-
-def animate_side_by_side(results: dict[str, SimResult], *, frames: int = 40, interval: int = 120,
-                         dpi: int = 90) -> FuncAnimation:
-    """An animation revealing two (or more) schedules step by step on a shared time axis.
-
-    Its first frame already shows the first steps (a player shows frame 0 before anyone presses play)."""
-    rs = list(results.values())
-    xmax = max(r.steps for r in rs)
-    fig, axes = plt.subplots(len(rs), 1, figsize=(8, 0.9 + sum(0.24 * r.num_slots + 0.7 for r in rs)),
-                             dpi=dpi, sharex=True, squeeze=False)
-    axes = axes[:, 0]
-    curtains, texts = [], []
-    for ax, (name, r) in zip(axes, results.items()):
-        gantt(r, ax, title=name, labels=False, legend=False, xmax=xmax, hatch=False)
-        curtains.append(ax.add_patch(Rectangle((0, -1), xmax + 1, r.num_slots + 2, color="white", zorder=5)))
-        texts.append(ax.text(1.0, 1.02, "", transform=ax.transAxes, ha="right", va="bottom", fontsize=10))
-    for ax in axes[:-1]:
-        ax.set_xlabel("")
-    axes[0].legend(handles=[Patch(color=WASTE_FILL, label="idle while requests wait"), Patch(color=IDLE, label="idle, queue empty")],
-                   loc="lower left", bbox_to_anchor=(0.0, 1.12), ncol=2, fontsize=10, frameon=False)
-    fig.tight_layout()
-    ticks = sorted({max(1, round(i * xmax / frames)) for i in range(1, frames + 1)})
-
-    def draw(t: int):
-        for r, cur, txt in zip(rs, curtains, texts):
-            cur.set_x(t)
-            done = sum(1 for s in r.requests.values() if s.finish_step is not None and s.finish_step < t)
-            txt.set_text(f"step {min(t, r.steps)}: {done}/{len(r.requests)} requests done"
-                         + ("  ✓" if t >= r.steps else ""))
-        return curtains + texts
-
-    anim = FuncAnimation(fig, draw, frames=ticks, interval=interval, blit=False)
-    plt.close(fig)
-    return anim
-
-
-def to_html(anim: FuncAnimation) -> Any:
-    """The animation as an HTML player that works on the static site (no kernel needed)."""
-    from IPython.display import HTML
-
-    return HTML(anim.to_jshtml(default_mode="once"))

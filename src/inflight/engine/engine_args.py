@@ -1,6 +1,7 @@
 """What `LLMEngine`'s constructor accepts, checked before anything is allocated: the tokenizer, the
 device (the model's own), the stats window, the end-of-sequence ids, and a KV cache that either
-fits the device or is refused with a clear error."""
+fits the device or is refused with a clear error; and two small rules of its request API (request
+ids, one SamplingParams per prompt)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,10 +10,11 @@ import torch
 
 from inflight import checks
 from inflight.engine.model_runner import KVSwapper
+from inflight.engine.sampling import SamplingParams
 from inflight.model.kv_cache import KVCache, kv_bytes_per_token
 
 __all__ = ["check_tokenizer", "engine_device", "model_attr", "check_stats_window", "eos_token_ids",
-           "allocate_kv_cache", "allocate_swapper"]
+           "allocate_kv_cache", "allocate_swapper", "id_key", "params_per_prompt"]
 
 
 def eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
@@ -86,3 +88,30 @@ def allocate_swapper(kv: KVCache, num_cpu_blocks: int) -> KVSwapper:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"could not allocate a CPU swap pool of {num_cpu_blocks} blocks "
                          f"({num_cpu_blocks * kv.bytes_per_block / 2**30:.2f} GiB): {why}; lower swap_blocks") from None
+
+
+def id_key(request_id: Any) -> str:
+    """Request ids are strings; an int is taken as its decimal string (so 5 and "5" are one id)."""
+    if isinstance(request_id, str):
+        return request_id
+    try:  # an int as the package's checks define one: numpy's too, never a bool
+        n = checks.integer("request_id", request_id)
+    except TypeError:
+        raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} "
+                        f"({checks.show(request_id)})") from None
+    try:
+        return str(n)
+    except ValueError:  # Python refuses to print ints over 4300 digits
+        raise ValueError(f"request_id is {checks.show(n)}: too long to be an id; use a str") from None
+
+
+def params_per_prompt(sampling_params: Any, n: int) -> list:
+    """One SamplingParams (or None) per prompt: the one given, repeated, or a list of n."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise TypeError("sampling_params must be a SamplingParams, None, or a list of them (one per prompt); "
+                        f"got {type(sampling_params).__name__}")
+    if len(sampling_params) != n:
+        raise ValueError(f"{len(sampling_params)} sampling_params for {n} prompts: give one, or one per prompt")
+    return list(sampling_params)

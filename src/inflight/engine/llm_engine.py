@@ -22,9 +22,11 @@ from inflight import checks
 from inflight.engine.block_manager import BlockAllocator
 from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, check_stats_window, check_tokenizer,
                                          engine_device, eos_token_ids, model_attr)
+from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as _params_per_prompt
 from inflight.engine.invariants import check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
+from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
@@ -138,9 +140,13 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq.request_id
 
-    def _make_sequence(self, prompt, params, request_id, arrival_time, priority=None) -> Sequence:
-        """Every check a request must pass, before anything changes."""
-        params = SamplingParams() if params is None else params
+    def check_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None
+                      ) -> tuple[list[int], SamplingParams]:
+        """Every check a request must pass, as (prompt token ids, a validated copy of its parameters);
+        a bad request raises ValueError/TypeError naming the problem. It reads only what the
+        constructor fixed (model, tokenizer, pool size), so a server may call it from another thread
+        than the one stepping the engine, to refuse a bad request before queueing it."""
+        params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         # a validated copy: the request keeps what it was sent with, whatever the caller changes later
@@ -149,7 +155,15 @@ class LLMEngine:
         if len(ids) > self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens, longer than the model's context of {self.max_model_len}")
         checks.token_ids("stop_token_ids", params.stop_token_ids, self.config.vocab_size)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings are checked on the text, which needs a tokenizer: pass tokenizer=... "
+                             "or use stop_token_ids")
         self.scheduler.check_can_run(len(ids), params.max_tokens)
+        return ids, params
+
+    def _make_sequence(self, prompt, params, request_id, arrival_time, priority=None) -> Sequence:
+        """A checked request (`check_request`), before anything changes."""
+        ids, params = self.check_request(prompt, params)
         priority = params.priority if priority is None else checks.priority("priority", priority)
         now = time.perf_counter() if arrival_time is None else checks.number("arrival_time", arrival_time)
         request_id = self._new_request_id(request_id)
@@ -157,6 +171,8 @@ class LLMEngine:
         self._next_seq_no += 1
         seq.priority = priority
         seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
         return seq
 
     def _new_request_id(self, request_id: Any) -> str:
@@ -204,7 +220,9 @@ class LLMEngine:
         events = sched.begin_step()
         sched.reap()                      # 1. reap
         budget = sched.budget()           # 2. budget
-        sched.admit(budget)               # 3. admit
+        for s in sched.admit(budget):     # 3. admit
+            if s.first_scheduled_time is None:
+                s.first_scheduled_time = t0   # (its queue time ends with this step)
         sched.preempt()                   # 4. preempt
         batch = sched.batch()             # 5. decode: the batch ...
         t1 = time.perf_counter()
@@ -269,18 +287,25 @@ class LLMEngine:
 
     def _output(self, s: Sequence, now: float) -> RequestOutput:
         """`s`'s output; if its text cannot be decoded, it ends with an error (the others go on)."""
-        text, error = self._detokenize(s)
+        text, error = self._detokenize(s, now)
         if error is not None and s.finish_reason != "error":
             fail(s, error, now)
         return request_output(s, text)
 
-    def _detokenize(self, s: Sequence) -> tuple[str | None, str | None]:
-        if self.tokenizer is None:
+    def _detokenize(self, s: Sequence, now: float) -> tuple[str | None, str | None]:
+        """(text so far, None) or (None, why it failed); a stop string in the new text ends `s`."""
+        d = s.detokenizer
+        if d is None:
             return None, None
         try:
-            return self.tokenizer.decode(s.output_token_ids), None
+            stop = d.update(s.output_token_ids, finished=s.finish_reason is not None)
         except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
             return None, f"detokenization failed ({type(exc).__name__}: {exc})"
+        if stop is not None and s.finish_reason in (None, "length"):
+            if s.finish_reason is None:
+                s.finish_time = now
+            s.finish_reason = "stop"
+        return d.text(s.finish_reason is not None), None
 
     def get_output(self, request_id: str | int) -> RequestOutput:
         """The current state of a request the engine still holds (an unfinished one)."""
@@ -289,7 +314,7 @@ class LLMEngine:
         if seq is None:
             raise KeyError(f"no unfinished request {key!r}: unknown, or it ended and its final output was already "
                            "returned (by step() or generate()); the engine forgets a request then")
-        return request_output(seq, self._detokenize(seq)[0])
+        return request_output(seq, None if seq.detokenizer is None else seq.detokenizer.text(False))
 
     # -- batch API -------------------------------------------------------------------------------
     def generate(self, prompts: Seq[str] | Seq[Seq[int]] | str, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
@@ -371,29 +396,3 @@ class LLMEngine:
         if self.enable_prefix_caching:
             self.allocator.reset_cache()
 
-
-def _id_key(request_id: Any) -> str:
-    """Request ids are strings; an int is taken as its decimal string (so 5 and "5" are one id)."""
-    if isinstance(request_id, str):
-        return request_id
-    try:  # an int as the package's checks define one: numpy's too, never a bool
-        n = checks.integer("request_id", request_id)
-    except TypeError:
-        raise TypeError(f"request_id must be a str (or an int), got {type(request_id).__name__} "
-                        f"({checks.show(request_id)})") from None
-    try:
-        return str(n)
-    except ValueError:  # Python refuses to print ints over 4300 digits
-        raise ValueError(f"request_id is {checks.show(n)}: too long to be an id; use a str") from None
-
-
-def _params_per_prompt(sampling_params: Any, n: int) -> list:
-    """One SamplingParams (or None) per prompt: the one given, repeated, or a list of n."""
-    if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * n
-    if not isinstance(sampling_params, (list, tuple)):
-        raise TypeError("sampling_params must be a SamplingParams, None, or a list of them (one per prompt); "
-                        f"got {type(sampling_params).__name__}")
-    if len(sampling_params) != n:
-        raise ValueError(f"{len(sampling_params)} sampling_params for {n} prompts: give one, or one per prompt")
-    return list(sampling_params)

@@ -5,7 +5,8 @@ The timing vocabulary, used the same way everywhere in the book:
 - TPOT, time per output token: a request's mean gap between tokens after the first,
   (last token time - first token time) / (tokens - 1);
 - ITL, inter-token latency: each single gap between two consecutive tokens of a request
-  (its percentiles show stalls that a mean like TPOT hides).
+  (its percentiles show stalls that a mean like TPOT hides);
+- queue time: from a request's arrival to the step that first admitted it (part of its TTFT).
 """
 from __future__ import annotations
 
@@ -35,11 +36,18 @@ class RequestOutput:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the last admission
     error: str | None = None  # why it ended, when finish_reason is "error" (the other requests went on)
+    first_scheduled_time: float | None = None  # when a step first admitted it
+    stop_reason: str | None = None  # the stop string that ended it, if one did
 
     @property
     def ttft(self) -> float | None:
         """Time to first token (seconds): arrival to the first generated token."""
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to the step that first admitted it (None before that)."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def tpot(self) -> float | None:
@@ -58,7 +66,8 @@ def request_output(s: "Sequence", text: str | None) -> RequestOutput:
     """A snapshot of request `s` (with its generated text, when there is a tokenizer)."""
     return RequestOutput(s.request_id, s.prompt_token_ids, s.output_token_ids, text, s.finish_reason,
                          s.finish_reason is not None, s.arrival_time, s.first_token_time, s.finish_time,
-                         list(s.token_times), s.num_preemptions, s.num_cached_tokens, s.error)
+                         list(s.token_times), s.num_preemptions, s.num_cached_tokens, s.error,
+                         s.first_scheduled_time, getattr(s.detokenizer, "stop_reason", None))
 
 
 @dataclass(slots=True)

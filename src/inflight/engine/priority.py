@@ -2,7 +2,10 @@
 
 vLLM's rule: a request with a *lower* `priority` value is served first; ties go to the earlier
 arrival. Preemption takes the opposite end of the same order: the lowest-priority request, and
-among those the latest arrival (it has the least work to lose and waited least).
+among those the latest arrival. That is an ordering rule, for fairness (first come, first served:
+no request is sent back while a later one of its priority keeps running) and simplicity — not a
+minimiser of lost work: under recompute a victim loses its computed tokens, which arrival order
+does not bound (a late request with a long prompt loses more than an early short one).
 
 Strict priorities can starve: under a steady stream of important requests, an unimportant one may
 wait forever. *Aging* bounds that: a request's effective priority improves with its waiting time,

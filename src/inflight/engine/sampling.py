@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from inflight.checks import flag, integer, number, priority, seed, token_ids
+from inflight.checks import flag, integer, number, priority, seed, show, token_ids
 
 __all__ = ["SamplingParams", "SAMPLING_EPS"]
 
@@ -24,7 +24,9 @@ class SamplingParams:
     `temperature=0` is greedy, and so is any temperature below `SAMPLING_EPS` (it is stored as 0);
     `top_p < 1` keeps the smallest set of tokens whose probability reaches `top_p`; `seed` (a
     64-bit integer) makes a sampled request reproducible; `priority` (a 64-bit integer) orders
-    admission and preemption (lower value first, ties by arrival)."""
+    admission and preemption (lower value first, ties by arrival). `stop` (a string or a list of
+    them) ends the request where its text first contains one, checked on the detokenized text (it
+    needs a tokenizer; the text ends before the stop string, as in vLLM and OpenAI's API)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -33,6 +35,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     priority: int = 0
+    stop: Sequence[str] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -53,7 +56,22 @@ class SamplingParams:
             self.seed = seed("seed", self.seed)
         self.priority = priority("priority", self.priority)
         self.ignore_eos = flag("ignore_eos", self.ignore_eos)
+        self.stop = stop_strings("stop", self.stop)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def stop_strings(name: str, value: object) -> tuple[str, ...]:
+    """Stop strings as a tuple: one string, or a list/tuple of them; none may be empty (an empty
+    string would stop every request before its first character)."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"{name} must be a string or a list of strings, got {type(value).__name__} ({show(value)})")
+    for i, s in enumerate(items):
+        if not isinstance(s, str):
+            raise TypeError(f"{name}[{i}] must be a string, got {type(s).__name__} ({show(s)})")
+        if not s:
+            raise ValueError(f"{name}[{i}] is an empty string, which would stop every request at once")
+    return tuple(items)

@@ -33,7 +33,7 @@ class Sequence:
                  "status", "num_computed_tokens", "num_scheduled_tokens", "block_table", "cpu_block_table",
                  "generator", "first_token_time", "token_times", "finish_time", "finish_reason", "seq_no",
                  "num_preemptions", "sort_key", "priority", "block_hashes", "num_cached_blocks",
-                 "num_cached_tokens", "error")
+                 "num_cached_tokens", "error", "first_scheduled_time", "detokenizer")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams", arrival_time: float,
                  seq_no: int = 0, generator: "torch.Generator | None" = None):
@@ -52,6 +52,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.cpu_block_table: list[int] = []  # where its KV waits while SWAPPED
         self.generator = generator
+        self.first_scheduled_time: float | None = None  # when a step first admitted it (its queue time ends)
         self.first_token_time: float | None = None
         self.token_times: list[float] = []
         self.finish_time: float | None = None
@@ -64,6 +65,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         self.num_cached_blocks = 0
         self.num_cached_tokens = 0
+        self.detokenizer = None  # its text so far and stop strings (engine.detokenizer), with a tokenizer
 
     @property
     def num_tokens(self) -> int:

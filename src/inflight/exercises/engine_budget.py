@@ -20,7 +20,8 @@ from typing import Any, Callable, NamedTuple
 
 from inflight.engine.block_manager import blocks_needed
 from inflight.engine.budget import Budget, BudgetInputs, PlannedRequest, compute_budget
-from inflight.exercises.grading import Case, GradeResult, Mistake, grade
+from inflight.exercises.answers import Flaw, as_int, type_name
+from inflight.exercises.grading import Case, Diagnosis, GradeResult, Mistake, grade
 from inflight.sim.engine_sim import SimEngine
 from inflight.sim.workloads import Request
 
@@ -41,16 +42,18 @@ class _Seen(NamedTuple):
 
 
 def _as_triple(result: Any) -> _Seen:
-    """(blocks or "none", tokens, slots) of whatever the learner returned (a Budget or a 3-tuple)."""
+    """(blocks or "none", tokens, slots) of whatever the learner returned (a Budget or a 3-tuple of
+    ints; numpy ints too), or `Flaw` naming what is wrong with it."""
     if isinstance(result, Budget):
         blocks, tokens, slots = result.blocks, result.tokens, result.slots
     elif isinstance(result, (tuple, list)) and len(result) == 3:
         blocks, tokens, slots = result
     else:
-        raise TypeError(f"return a Budget(blocks=..., tokens=..., slots=...), not {type(result).__name__}")
-    for name, v in (("blocks", blocks), ("tokens", tokens), ("slots", slots)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"Budget.{name} must be an int, got {v!r}")
+        raise Flaw(f"returned {type_name(result)}", f"{result!r:.80} ({type_name(result)})",
+                   f"my_budget returned {type_name(result)}; return a Budget(blocks=..., tokens=..., slots=...) "
+                   "(or a 3-tuple in that order).", first=True)
+    blocks, tokens, slots = (as_int(v, f"Budget.{name}", "the engine counts blocks, tokens and slots in ints")
+                             for name, v in (("blocks", blocks), ("tokens", tokens), ("slots", slots)))
     return _Seen("none" if blocks <= 0 else blocks, tokens, slots)
 
 
@@ -83,12 +86,33 @@ STATES = {
     "blocks of 16, long contexts": (
         _state([(47, 1, 3), (48, 1, 3), (100, 28, 7)], 9, block_size=16, watermark=1, max_tokens=64, max_batch=8),
         "two decodes around a block boundary and a chunk of 28"),
+    "a chunk that ends exactly on a block boundary": (
+        _state([(4, 8, 1), (5, 1, 2)], 6, watermark=1, max_tokens=20),
+        "the chunk covers positions 4..11: blocks 2 and 3 exactly, nothing more"),
+    "blocks of one token": (_state([(3, 1, 3), (0, 5, 0)], 9, block_size=1, watermark=2, max_tokens=10),
+                            "every token takes a block; a prompt starting from nothing"),
+    "a watermark bigger than what is free": (_state([(6, 1, 2)], 1, watermark=3, max_batch=2),
+                                             "the budget is negative: nothing may be admitted"),
 }
+
+
+def _state_tags(state: BudgetInputs) -> frozenset:
+    tags = set()
+    if any(r.num_scheduled_tokens > 1 for r in state.running):
+        tags.add("chunk")
+    if any(r.num_scheduled_tokens == 1 and r.num_computed_tokens % state.block_size == 0 for r in state.running):
+        tags.add("full last block")
+    if state.watermark_blocks:
+        tags.add("watermark")
+    if not state.running:
+        tags.add("idle")
+    return frozenset(tags)
 
 
 def _state_case(name: str) -> Case:
     state, what = STATES[name]
-    return Case(f"state: {name}", lambda impl, s=state: _as_triple(impl(s)),
+    return Case(f"state: {name}", lambda impl, s=state: _as_triple(impl(s)), fields=("blocks", "tokens", "slots"),
+                tags=_state_tags(state), data=state,
                 describe=f"{what}; running (computed, scheduled, held) = "
                          f"{[(r.num_computed_tokens, r.num_scheduled_tokens, r.num_blocks) for r in state.running]}, "
                          f"free={state.num_free_blocks}, block_size={state.block_size}, "
@@ -203,6 +227,17 @@ def slots_not_spent(state: BudgetInputs) -> Budget:
                   state.max_batch_size)
 
 
+def floor_division(state: BudgetInputs) -> Budget:
+    promised = sum(max(0, (r.num_computed_tokens + r.num_scheduled_tokens) // state.block_size - r.num_blocks)
+                   for r in state.running)
+    return Budget(state.num_free_blocks - promised - state.watermark_blocks, _tokens(state), _slots(state))
+
+
+def tokens_one_per_request(state: BudgetInputs) -> Budget:
+    return Budget(state.num_free_blocks - _promised(state) - state.watermark_blocks,
+                  state.max_batched_tokens - len(state.running), _slots(state))
+
+
 def one_token_each(state: BudgetInputs) -> Budget:
     promised = sum(max(0, blocks_needed(r.num_computed_tokens + 1, state.block_size) - r.num_blocks)
                    for r in state.running)
@@ -212,6 +247,17 @@ def one_token_each(state: BudgetInputs) -> Budget:
 
 # name → (mutant, explanation template filled with the mutant's and the reference's measurements)
 MISTAKES: dict[str, tuple[Callable, str]] = {
+    "blocks needed rounded down": (
+        floor_division,
+        "you count the blocks a request needs with floor division, `(computed + scheduled) // block_size`, which "
+        "drops a partly filled last block: a decode that starts a new block was promised nothing, so admission "
+        "handed that block out and preemption took it back — {t_pre} preemptions on the 'tight pool' workload "
+        "(right budget: {ref_t_pre}). Round up: blocks_needed(computed + scheduled, block_size)."),
+    "tokens counted per request": (
+        tokens_one_per_request,
+        "you subtract one token per running request from max_batched_tokens, but a request being prefilled "
+        "computes a whole chunk (num_scheduled_tokens) this step: up to {c_tok} tokens in a step on the 'long "
+        "prompts in chunks' workload (limit {c_limit}). Subtract the sum of num_scheduled_tokens."),
     "the watermark is forgotten": (
         no_watermark,
         "admission handed out the blocks the watermark keeps free for growth. On the 'growing requests, "
@@ -222,7 +268,8 @@ MISTAKES: dict[str, tuple[Callable, str]] = {
         "the blocks the running requests' planned tokens need were not subtracted, so admission gave them "
         "away and preemption had to take them back: {t_pre} preemptions on the 'tight pool' workload "
         "(right budget: {ref_t_pre}), {t_taken} block(s) handed to newcomers that running requests needed. "
-        "Reserve max(0, blocks_needed(computed + scheduled) - held) for each running request."),
+        "Reserve max(0, blocks_needed(computed + scheduled) - held) for each running request (counting only "
+        "num_computed_tokens reserves nothing either: those tokens already sit in the blocks held)."),
     "a new block for every decode": (
         new_block_per_decode,
         "every running request was charged at least one new block, but a decode needs one only when its "
@@ -276,6 +323,42 @@ def _mistakes() -> list[Mistake]:
     return _MISTAKES_CACHE
 
 
+_FORMULAS = {
+    "blocks": "num_free_blocks − Σ max(0, blocks_needed(num_computed_tokens + num_scheduled_tokens, block_size) − "
+              "num_blocks) − watermark_blocks",
+    "tokens": "max_batched_tokens − Σ num_scheduled_tokens",
+    "slots": "max_batch_size − len(running)",
+}
+
+
+def _fields(candidate: Any, failures: list) -> Diagnosis | None:
+    """Which of blocks, tokens and slots is wrong on the prepared states, when the others are right."""
+    states = [(c, e, g) for c, e, g in failures if isinstance(c.data, BudgetInputs) and isinstance(g, _Seen)]
+    if not states:
+        return None
+    wrong = [f for i, f in enumerate(_Seen._fields) if any(e[i] != g[i] for _, e, g in states)]
+    if len(wrong) != 1:
+        return None
+    field = wrong[0]
+    i = _Seen._fields.index(field)
+    case, e, g = next((c, e, g) for c, e, g in states if e[i] != g[i])
+    others = " and ".join(f for f in _Seen._fields if f != field)
+    diffs = {g[i] - e[i] for _, e, g in states if isinstance(e[i], int) and isinstance(g[i], int) and e[i] != g[i]}
+    always = f"; yours is always {diffs.pop():+d} from it" if len(diffs) == 1 else ""
+    return Diagnosis(f"only {field} is wrong", f"{others} are right on every prepared state, {field} is not: on "
+                     f"'{case.name[7:]}' yours is {g[i]}, the right one {e[i]}{always} ({field} = {_FORMULAS[field]}; "
+                     "blocks of 0 or fewer all count as 'none').", case)
+
+
+TAGS = {
+    "chunk": ("a running request is prefilling a chunk (num_scheduled_tokens > 1)",
+              "a chunk's tokens span positions num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1: "
+              "count its blocks (and tokens) from num_scheduled_tokens, not as one token."),
+    "full last block": ("a decode's last block is full (its new token starts a block)",
+                        "that token needs a new block: blocks_needed(computed + 1) is one more than the blocks held."),
+}
+
+
 def check_budget(my_budget: Callable[[BudgetInputs], Any], *, quiet: bool = False) -> GradeResult:
     """Grade `my_budget(state) -> Budget` on prepared states and on whole workloads run in SimEngine."""
     if not callable(my_budget):
@@ -284,4 +367,5 @@ def check_budget(my_budget: Callable[[BudgetInputs], Any], *, quiet: bool = Fals
         if not quiet:
             print(result.report)
         return result
-    return grade("the step's budget", my_budget, reference_budget, _cases(), _mistakes(), quiet=quiet)
+    return grade("the step's budget", my_budget, reference_budget, _cases(), _mistakes(), quiet=quiet,
+                 explain=_fields, tags=TAGS)

@@ -13,7 +13,8 @@ import copy
 from typing import Any, Callable, Sequence
 
 from inflight.engine.scheduler import STEP_ORDER
-from inflight.exercises.grading import Case, CodeTimeout, GradeResult, Mistake, call_with_time_limit, grade
+from inflight.exercises.grading import (Case, CodeTimeout, Diagnosis, GradeResult, Mistake, call_with_time_limit,
+                                        grade)
 from inflight.sim.engine_sim import SimEngine
 from inflight.sim.workloads import Request
 
@@ -197,6 +198,83 @@ def _mistakes() -> list[Mistake]:
     return _MISTAKES_CACHE
 
 
+# -- what the learner's step() calls, and the rules an order must keep ---------------------------
+def _calls_per_step(step: Callable, n_steps: int = 4) -> list[list[str]]:
+    """The step names the learner's `step()` calls in each of its first steps on the trickle workload."""
+    probe = SimEngine(**WORKLOADS["trickle"]())
+    out = []
+    for _ in range(n_steps):
+        before = len(probe.calls)
+        call_with_time_limit(probe.run_step, step)
+        out.append(probe.calls[before:])
+    return out
+
+
+_UNDONE = {"reap": "finished requests keep their blocks forever", "budget": "admission has no budget to spend",
+           "admit": "waiting requests never join the batch",
+           "preempt": "running requests never get blocks for their new tokens (and nobody is evicted when the pool is "
+                      "dry)", "decode": "no token is ever computed"}
+
+
+def _structure(step: Callable, failures: list) -> Diagnosis | None:
+    """A step() that does not call each of the five steps exactly once per iteration, always in one
+    order: that is the diagnosis, whatever the measurements say."""
+    try:
+        per_step = _calls_per_step(step)
+    except (Exception, SystemExit, CodeTimeout):  # the cases report what it raised
+        return None
+    first = per_step[0]
+    missing = [n for n in STEP_ORDER if n not in first]
+    twice = sorted({n for n in first if first.count(n) > 1})
+    shown = " → ".join(first) or "nothing"
+    if missing:
+        undone = "; ".join(_UNDONE[n] for n in missing)
+        return Diagnosis(f"your step() never calls {', '.join(missing)}",
+                         f"it calls {shown}; each of the five steps runs once per iteration, or its work is never "
+                         f"done: {undone}.", failures[0][0])
+    if twice:
+        return Diagnosis(f"your step() calls {', '.join(twice)} more than once",
+                         f"it calls {shown}; each step runs exactly once per iteration.", failures[0][0])
+    varying = next((k for k, calls in enumerate(per_step) if calls and calls != first), None)
+    if varying is not None:
+        return Diagnosis("your step() changes its order from one step to the next",
+                         f"step 0 calls {shown} but step {varying} calls {' → '.join(per_step[varying])}: the "
+                         "iteration is the same five steps in the same order every time (no `if` around them).",
+                         failures[0][0])
+    return None
+
+
+#: (earlier, later, why): the rules an order must keep; the two orders that keep them all are the
+#: book's (admit then preempt) and vLLM's (preempt then admit).
+RULES = [
+    ("reap", "budget", "the budget counts free blocks, and finished requests still hold theirs until reap frees them"),
+    ("budget", "admit", "admission spends this step's budget; spent before it is computed, it is last step's"),
+    ("budget", "preempt", "preemption gives the running requests the blocks their planned tokens need, and the plan "
+                          "is made by budget"),
+    ("admit", "decode", "a request admitted after the forward pass holds its blocks through a step it computes nothing in"),
+    ("preempt", "decode", "the forward pass writes each new token's K and V into a block that preempt must have "
+                          "given it first"),
+]
+
+
+def _order_rules(step: Callable, failures: list) -> Diagnosis | None:
+    """For an order that is a wrong permutation no known mistake matches: the rules it breaks."""
+    try:
+        order = _calls_per_step(step, 1)[0]
+    except (Exception, SystemExit, CodeTimeout):
+        return None
+    if sorted(order) != sorted(STEP_ORDER):
+        return None
+    broken = [(a, b, why) for a, b, why in RULES if order.index(a) > order.index(b)]
+    if not broken:
+        return None
+    a, b, why = broken[0]
+    more = f" (and {len(broken) - 1} more rule(s) like it)" if len(broken) > 1 else ""
+    return Diagnosis(f"{b} runs before {a}", f"your order {' → '.join(order)} calls {b} before {a}, but {why}{more}. "
+                     "The order that keeps every rule: reap → budget → admit → preempt → decode (admit and preempt "
+                     "may swap).", failures[0][0])
+
+
 def check_engine_loop(step: Callable[[SimEngine], Any] | Sequence[str], *, quiet: bool = False) -> GradeResult:
     """Grade a `step(engine)` (or a list of the five step names) by running it and measuring."""
     if not callable(step):
@@ -207,26 +285,18 @@ def check_engine_loop(step: Callable[[SimEngine], Any] | Sequence[str], *, quiet
             if not quiet:
                 print(result.report)
             return result
-    result = grade("the engine loop", step, reference_step, _cases(), _mistakes(), quiet=True)
+    result = grade("the engine loop", step, reference_step, _cases(), _mistakes(), quiet=True,
+                   diagnose=_structure, explain=_order_rules)
     order = None
     if not result.timed_out:  # (a step() that never returns was reported above: don't run it again)
         try:
-            probe = SimEngine(**WORKLOADS["trickle"]())
-            call_with_time_limit(probe.run_step, step)
-            order = " → ".join(probe.calls)
+            order = " → ".join(_calls_per_step(step, 1)[0])
         except (Exception, SystemExit, CodeTimeout):  # the cases above already reported it
             order = None
-    lines = [result.report]
+    lines = result.report.split("\n")
     if order:
         lines.insert(1, f"   Your step() calls: {order}")
-    if order is not None and not result:
-        missing = [n for n in STEP_ORDER if n not in probe.calls]
-        twice = sorted({n for n in probe.calls if probe.calls.count(n) > 1})
-        if missing:
-            lines.append(f"💡 Your step() never calls {', '.join(missing)}: each of the five steps runs once per iteration.")
-        if twice:
-            lines.append(f"💡 Your step() calls {', '.join(twice)} more than once: each step runs exactly once per iteration.")
-    if result and order and probe.calls != list(STEP_ORDER):
+    if result and order and order.split(" → ") != list(STEP_ORDER):
         lines.append("   (Your order differs from reap → budget → admit → preempt → decode but measured the same on "
                      "every case: here admit and preempt commute, because the budget already reserved the running "
                      "requests' blocks, so admission cannot take them. vLLM's scheduler runs them in your order.)")

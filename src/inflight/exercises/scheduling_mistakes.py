@@ -1,12 +1,13 @@
-"""The classic wrong schedulers of chapters 2-4, written as code, so a grader can recognise a learner's
-scheduler by behaving like one of them (see `inflight.exercises.grading`)."""
+"""The classic wrong schedulers of chapters 2-3, written as code, so a grader can recognise a learner's
+scheduler by behaving like one of them (see `inflight.exercises.grading`). Chapter 4's memory-aware
+ones are in `scheduling_memory_mistakes`."""
 from __future__ import annotations
 
 from collections import deque
 
 from inflight.exercises.grading import Mistake
 
-__all__ = ["CONTINUOUS_MISTAKES", "STATIC_MISTAKES", "MEMORY_MISTAKES"]
+__all__ = ["CONTINUOUS_MISTAKES", "STATIC_MISTAKES"]
 
 
 class _Sketch:
@@ -111,6 +112,28 @@ class _ReportAfterRemoval(_Sketch):
         return sorted(self.active)
 
 
+class _ReportsFinished(_Sketch):
+    def step(self):
+        self._fill()
+        before = set(self.active)
+        self._process()
+        return sorted(before - set(self.active))  # only the ids that finished this step
+
+
+class _OneAdmissionPerStep(_Sketch):
+    def step(self):
+        if self.waiting and len(self.active) < self.max_batch_size:  # an `if` where a `while` belongs
+            self._take()
+        return self._process()
+
+
+class _NoBatchLimit(_Sketch):
+    def step(self):
+        while self.waiting:
+            self._take()
+        return self._process()
+
+
 class _ContinuousRight(_Sketch):  # used as a building block of some static mistakes
     def step(self):
         self._fill()
@@ -146,6 +169,31 @@ class _StaticRetireOneStepLate(_RetireOneStepLate):
         return self._process()
 
 
+class _StaticReportsFinished(_Sketch):
+    def step(self):
+        if not self.active:
+            self._fill()
+        before = set(self.active)
+        self._process()
+        return sorted(before - set(self.active))
+
+
+class _StaticOneSlotTooMany(_Sketch):
+    def step(self):
+        if not self.active:
+            while self.waiting and len(self.active) <= self.max_batch_size:
+                self._take()
+        return self._process()
+
+
+class _StaticNoBatchLimit(_Sketch):
+    def step(self):
+        if not self.active:
+            while self.waiting:
+                self._take()
+        return self._process()
+
+
 class _StaticLifo(_Sketch):
     def step(self):
         if not self.active:
@@ -172,76 +220,10 @@ class _StaticReportAfterRemoval(_Sketch):
         return sorted(self.active)
 
 
-class _MemUsed(_Sketch):
-    def used(self):
-        return sum(c for _, c in self.active.values())
-
-
-class _SkipAhead(_MemUsed):
-    def step(self):
-        for item in list(self.waiting):
-            if len(self.active) >= self.max_batch_size:
-                break
-            if self.max_memory is None or self.used() + item[2] <= self.max_memory:
-                self.waiting.remove(item)
-                self.active[item[0]] = [item[1], item[2]]
-        return self._process()
-
-
-class _CheckAfterAdmission(_MemUsed):
-    def step(self):
-        while self.waiting and len(self.active) < self.max_batch_size:
-            if self.max_memory is not None and self.used() > self.max_memory:
-                break
-            self._take()  # the newcomer's own cost is never checked before it is in
-        return self._process()
-
-
-class _CheckedWithoutNewcomer(_MemUsed):
-    def step(self):
-        while self.waiting and len(self.active) < self.max_batch_size:
-            if self.max_memory is not None and self.used() >= self.max_memory:
-                break  # "stop when the budget is used up": the newcomer's own cost is never checked
-            self._take()
-        return self._process()
-
-
-class _NeverRelease(_Sketch):
-    def __init__(self, max_batch_size, max_memory=None):
-        super().__init__(max_batch_size, max_memory)
-        self.used = 0
-
-    def step(self):
-        while self.waiting and len(self.active) < self.max_batch_size:
-            if self.max_memory is not None and self.used + self.waiting[0][2] > self.max_memory:
-                break
-            self.used += self.waiting[0][2]
-            self._take()
-        return self._process()  # finished requests never give their memory back
-
-
-class _NoneAsZero(_MemUsed):
-    def step(self):
-        budget = self.max_memory or 0
-        while self.waiting and len(self.active) < self.max_batch_size:
-            if self.used() + self.waiting[0][2] > budget:
-                break
-            self._take()
-        return self._process()
-
-
-class _IgnoresMemory(_ContinuousRight):
-    pass
-
-
-class _ExactFitRejected(_MemUsed):
-    def step(self):
-        while self.waiting and len(self.active) < self.max_batch_size:
-            if self.max_memory is not None and self.used() + self.waiting[0][2] >= self.max_memory:
-                break
-            self._take()
-        return self._process()
-
+_FINISHED = Mistake(
+    "finished ids instead of processed ones",
+    "you return only the requests that finished in this step; step() returns every request that got a token "
+    "in it — the whole batch, sorted — finished ones included.", _ReportsFinished)
 
 CONTINUOUS_MISTAKES = [
     Mistake("admit after processing",
@@ -274,6 +256,14 @@ CONTINUOUS_MISTAKES = [
             "your admission loop runs while len(active) <= max_batch_size, so the batch holds "
             "max_batch_size + 1 requests; admit only while len(active) < max_batch_size.",
             _OneSlotTooMany),
+    _FINISHED,
+    Mistake("one admission per step",
+            "you admit at most one waiting request per step (an `if` where a `while` belongs), so free slots "
+            "stay empty while requests wait; keep admitting while a slot is free and the queue is not empty.",
+            _OneAdmissionPerStep),
+    Mistake("no batch limit",
+            "you admit every waiting request, so the batch grows past max_batch_size; stop admitting when "
+            "len(active) reaches max_batch_size.", _NoBatchLimit),
 ]
 
 STATIC_MISTAKES = [
@@ -308,34 +298,11 @@ STATIC_MISTAKES = [
             "you fill the batch with the newest requests first (a stack); the waiting queue is FIFO — "
             "popleft, not pop.",
             _StaticLifo),
-]
-
-MEMORY_MISTAKES = [
-    Mistake("skipping ahead",
-            "when the front of the queue doesn't fit you admit a smaller request from further back; "
-            "the spec is strict FIFO: stop admitting for this step.",
-            _SkipAhead),
-    Mistake("memory checked after admission",
-            "you compare the memory already in use with the budget before adding the newcomer's own "
-            "cost, so the admission that crosses the budget slips through; check used + memory_cost <= max_memory.",
-            _CheckAfterAdmission),
-    Mistake("budget checked without the newcomer's cost",
-            "you stop admitting only once the memory in use has reached the budget, so a newcomer is let in "
-            "whenever any room is left, however large its own cost; check used + memory_cost <= max_memory.",
-            _CheckedWithoutNewcomer),
-    Mistake("memory never released",
-            "a finished request keeps its memory counted, so the budget shrinks until nothing fits; "
-            "release a request's memory_cost when it finishes (or recompute it from the active set).",
-            _NeverRelease),
-    Mistake("max_memory=None treated as zero",
-            "None means 'no memory limit', but you use it as a budget of 0, so nothing is ever "
-            "admitted with the defaults; skip the memory check when max_memory is None.",
-            _NoneAsZero),
-    Mistake("memory ignored",
-            "you only count slots; admission must also keep the total memory_cost of the active "
-            "requests within max_memory.",
-            _IgnoresMemory),
-    Mistake("exact fit rejected",
-            "a request that fills the budget exactly is allowed (used + cost <= max_memory); you use <.",
-            _ExactFitRejected),
+    Mistake("finished ids instead of processed ones", _FINISHED.explanation, _StaticReportsFinished),
+    Mistake("one slot too many",
+            "your batch-filling loop runs while len(active) <= max_batch_size, so a batch holds max_batch_size + 1 "
+            "requests; fill only while len(active) < max_batch_size.", _StaticOneSlotTooMany),
+    Mistake("no batch limit",
+            "you put every waiting request into the new batch; a batch holds at most max_batch_size requests, "
+            "the rest wait for the next one.", _StaticNoBatchLimit),
 ]

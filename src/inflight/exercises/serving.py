@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
-from inflight.exercises.grading import Case, GradeResult, Mistake, grade
+from inflight.exercises.answers import Flaw, as_number, as_optional_number, call_unchanged, type_name
+from inflight.exercises.grading import Case, GradeResult, Mistake, grade, repeat_case
 
 Timeline = Sequence[dict]
 
@@ -50,6 +51,20 @@ def _tpot_includes_ttft(timeline: Timeline, none_for_one: bool = False) -> dict[
     return out
 
 
+def _tpot_wait_over_gaps(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    out["tpot"] = {r["id"]: None if len(r["token_times"]) == 1
+                   else (r["token_times"][-1] - r["arrival"]) / (len(r["token_times"]) - 1) for r in timeline}
+    return out
+
+
+def _throughput_counts_gaps(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    span = max(r["token_times"][-1] for r in timeline) - min(r["arrival"] for r in timeline)
+    out["throughput"] = sum(len(r["token_times"]) - 1 for r in timeline) / span
+    return out
+
+
 def _ttft_from_zero(timeline: Timeline) -> dict[str, Any]:
     out = serving_metrics(timeline)
     out["ttft"] = {r["id"]: r["token_times"][0] for r in timeline}
@@ -84,9 +99,37 @@ def _throughput_from_first_token(timeline: Timeline) -> dict[str, Any]:
     return out
 
 
-def _single_token_tpot_zero(timeline: Timeline) -> dict[str, Any]:
+def _single_token_tpot_zero(timeline: Timeline, fill: float = 0.0) -> dict[str, Any]:
     out = serving_metrics(timeline)
-    out["tpot"] = {k: (0.0 if v is None else v) for k, v in out["tpot"].items()}
+    out["tpot"] = {k: (fill if v is None else v) for k, v in out["tpot"].items()}
+    return out
+
+
+def _milliseconds(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    for key in ("ttft", "tpot"):
+        out[key] = {k: None if v is None else v * 1000 for k, v in out[key].items()}
+    return out
+
+
+def _requests_per_second(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    span = max(r["token_times"][-1] for r in timeline) - min(r["arrival"] for r in timeline)
+    out["throughput"] = len(timeline) / span
+    return out
+
+
+def _span_of_listed_ends(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    span = timeline[-1]["token_times"][-1] - timeline[0]["arrival"]
+    out["throughput"] = sum(len(r["token_times"]) for r in timeline) / span
+    return out
+
+
+def _span_is_sum_of_latencies(timeline: Timeline) -> dict[str, Any]:
+    out = serving_metrics(timeline)
+    span = sum(r["token_times"][-1] - r["arrival"] for r in timeline)
+    out["throughput"] = sum(len(r["token_times"]) for r in timeline) / span
     return out
 
 
@@ -100,6 +143,11 @@ MISTAKES = [  # the two TPOT slips twice: with a one-token request's TPOT left a
     Mistake("tpot divided by n", _TPOT_OVER_N, lambda tl: _tpot_over_n(tl, none_for_one=True)),
     Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_includes_ttft),
     Mistake("tpot includes the wait", _TPOT_WAIT, lambda tl: _tpot_includes_ttft(tl, none_for_one=True)),
+    Mistake("tpot includes the wait", _TPOT_WAIT, _tpot_wait_over_gaps),
+    Mistake("ttft from the first arrival", "TTFT counts from the request's OWN arrival: measuring every request "
+            "from the first one's arrival charges it the time before it even existed.",
+            lambda tl: {**serving_metrics(tl), "ttft": {r["id"]: r["token_times"][0] - min(x["arrival"] for x in tl)
+                                                        for r in tl}}),
     Mistake("ttft from the clock's zero", "TTFT counts from the request's own arrival, not from the start of the "
             "run — with online arrivals a late request would look slow for nothing.", _ttft_from_zero),
     Mistake("prompt tokens counted", "Useful throughput counts generated tokens only; prompt tokens are input, "
@@ -113,26 +161,89 @@ MISTAKES = [  # the two TPOT slips twice: with a one-token request's TPOT left a
             "the first requests waited for their first token is the server's time too.", _throughput_from_first_token),
     Mistake("tpot of one token is zero", "A request with a single token has no gap between tokens: its TPOT is "
             "undefined (None), and a 0 would pull the average down.", _single_token_tpot_zero),
+    Mistake("tpot of one token is NaN", "A request with a single token has no gap between tokens: the text asks for "
+            "None there (a NaN poisons every mean it enters).", lambda tl: _single_token_tpot_zero(tl, float("nan"))),
+    Mistake("milliseconds instead of seconds", "The timeline is in seconds and so are TTFT and TPOT: don't multiply "
+            "by 1000 (the chapter converts to ms only when it prints).", _milliseconds),
+    Mistake("first tokens not counted", "Every generated token counts in throughput, the first one of each request "
+            "too: count len(token_times), not the gaps between them.", _throughput_counts_gaps),
+    Mistake("requests per second", "Throughput here is generated TOKENS per second: count every token in "
+            "token_times, not the requests.", _requests_per_second),
+    Mistake("span from the list's first and last entries", "The timeline is not sorted by arrival or by finish: the "
+            "span runs from the EARLIEST arrival (min) to the LATEST token (max), wherever they are in the list.",
+            _span_of_listed_ends),
+    Mistake("span as the sum of request times", "The requests overlap in time: the span is one stretch of wall "
+            "time, from the first arrival to the last token — adding each request's own duration counts the shared "
+            "time again and again.", _span_is_sum_of_latencies),
 ]
 
 
 # --- cases ----------------------------------------------------------------------------------------
-def _rounded(result: Any) -> Any:
-    if isinstance(result, dict):
-        return {k: _rounded(v) for k, v in result.items()}
-    if isinstance(result, float):
-        return round(result, 9)
-    return result
+_WHY = "The chapter passes its real timeline next, and the engine keeps using it."
+
+
+def _per_request(out: dict, key: str, optional: bool) -> dict:
+    value = out[key]
+    if not isinstance(value, dict):
+        raise Flaw(f"{key} is not a dict", f"{key} = {value!r:.80} ({type_name(value)})",
+                   f'"{key}" must be a dict {{request id: seconds}}, keyed by each request\'s "id", so the chapter '
+                   f'can look a request up by its id; yours is {type_name(value)}.', first=True)
+    check = as_optional_number if optional else as_number
+    return {k: check(v, f"{key}[{k!r}]", "a number of seconds" + (" (or None for a one-token request)"
+                                                                   if optional else ""))
+            for k, v in value.items()}
+
+
+def _metrics(impl: Callable, tl: list[dict]) -> dict:
+    out = call_unchanged(impl, [tl], ["the timeline"], _WHY)
+    if not isinstance(out, dict):
+        raise Flaw(f"returned {type_name(out)}", f"{out!r:.80} ({type_name(out)})",
+                   f'serving_metrics returned {type_name(out)}; return a dict {{"ttft": ..., "tpot": ..., '
+                   '"throughput": ...}.', first=True)
+    missing = [k for k in ("ttft", "tpot", "throughput") if k not in out]
+    if missing:
+        raise Flaw(f"no {missing[0]!r} in the result", f"keys {sorted(map(str, out))}",
+                   f'the result must have the keys "ttft", "tpot" and "throughput"; yours has no '
+                   f'{", ".join(map(repr, missing))}.', first=True)
+    return {"ttft": _per_request(out, "ttft", False), "tpot": _per_request(out, "tpot", True),
+            "throughput": as_number(out["throughput"], 'out["throughput"]', "tokens per second, a number")}
+
+
+def _tags(timeline: list[dict]) -> frozenset:
+    tags = set()
+    if any(len(r["token_times"]) == 1 for r in timeline):
+        tags.add("one token")
+    if min(r["arrival"] for r in timeline) > 0:
+        tags.add("late start")
+    arrivals = [r["arrival"] for r in timeline]
+    ends = [r["token_times"][-1] for r in timeline]
+    if arrivals != sorted(arrivals) or ends[-1] != max(ends):
+        tags.add("unsorted")
+    if any(not isinstance(r["id"], str) for r in timeline):
+        tags.add("int ids")
+    return frozenset(tags)
 
 
 def _case(name: str, timeline: list[dict], describe: str) -> Case:
-    def run(impl: Callable, tl=timeline) -> Any:
-        out = impl([dict(r, token_times=list(r["token_times"])) for r in tl])
-        if not isinstance(out, dict):
-            return f"returned {type(out).__name__}, not a dict"
-        return _rounded({k: out.get(k) for k in ("ttft", "tpot", "throughput")})
+    return Case(name, lambda impl, tl=timeline: _metrics(impl, tl), describe, tags=_tags(timeline))
 
-    return Case(name, run, describe)
+
+TAGS = {
+    "one token": ("a request generated a single token",
+                  "one token has no gap after it: its TPOT is None (and it still counts 1 token in throughput)."),
+    "late start": ("the first request arrives after t = 0",
+                   "measure from the requests' own arrivals: TTFT from each arrival, the span from the FIRST arrival."),
+    "unsorted": ("the timeline is not in arrival order, or its last entry is not the last to finish",
+                 "use min(arrivals) and max(last tokens), not the first and last entries of the list."),
+    "int ids": ("the request ids are integers", "key ttft and tpot by each request's own id, whatever its type."),
+}
+
+RULES = {"ttft": "each request's first token time minus that request's own arrival",
+         "tpot": "(last token − first token) / (number of tokens − 1) per request, None for a single token",
+         "throughput": "all generated tokens / (the latest token time − the earliest arrival)"}
+
+FACTORS = {1000.0: "your times are in milliseconds: the timeline and the answer are in seconds.",
+           0.001: "your rate is per millisecond: throughput is tokens per second."}
 
 
 def _random_timeline(rng: random.Random, online: bool) -> list[dict]:
@@ -171,14 +282,23 @@ def cases(seed: int = 0, n_random: int = 12) -> list[Case]:
               "a request that generated a single token"),
         _case("long prompts", [{"id": "l", "arrival": 0.0, "prompt_len": 500, "token_times": [2.0, 2.1, 2.2]}],
               "one request with a 500-token prompt"),
+        _case("listed out of order", [
+            {"id": "late", "arrival": 1.0, "prompt_len": 3, "token_times": [1.2, 1.3]},
+            {"id": "long", "arrival": 0.5, "prompt_len": 6, "token_times": [0.9, 1.4, 1.9, 2.4]},
+            {"id": "first", "arrival": 0.2, "prompt_len": 2, "token_times": [0.4, 0.6, 0.8]}],
+            "the requests are listed neither by arrival nor by finish: the last entry is not the last to finish"),
+        _case("integer request ids", [{"id": 7, "arrival": 0.0, "prompt_len": 4, "token_times": [0.25, 0.5]},
+                                      {"id": 3, "arrival": 0.1, "prompt_len": 4, "token_times": [0.5, 0.75, 1.0]}],
+              "ids are ints, not strings"),
     ]
     for i in range(n_random):
         online = i % 2 == 1
         cs.append(_case(f"random {'online' if online else 'offline'} #{i}", _random_timeline(rng, online),
                         f"a random {'online' if online else 'offline'} timeline (seed {seed}, #{i})"))
-    return cs
+    return cs + [repeat_case(cs)]
 
 
 def check_serving_metrics(fn: Callable[[Timeline], dict], quiet: bool = False) -> GradeResult:
     """Grade the learner's `serving_metrics(timeline)`."""
-    return grade("serving_metrics", fn, serving_metrics, cases(), MISTAKES, quiet=quiet)
+    return grade("serving_metrics", fn, serving_metrics, cases(), MISTAKES, quiet=quiet, tags=TAGS, factors=FACTORS,
+                 fields=RULES)

@@ -1,0 +1,119 @@
+"""`python -m inflight.bench.serve_cost`: what the server costs over the engine alone, in one run.
+
+The same requests (greedy, fixed output lengths) go, round after round, to the offline engine
+(`LLMEngine.generate` in this process) and over HTTP with streaming to `python -m inflight.serve`
+in its own process — once with the engine loop on its own thread (the default) and once as an
+asyncio task on the event loop (`--engine-loop task`):
+
+- saturation: every request at once; output tokens per second, the server's over the engine's;
+- low load: one request at a time; median TTFT as the client sees it against the engine's own
+  (arrival to first token inside the engine), the difference being what HTTP, the event loop and
+  the hand-over to the engine loop add.
+
+Both sides use the same engine settings and `inflight.threads`' thread policy; the load generator
+(`inflight.bench.serve`) shares the cores with the server, as a client on the same machine does.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
+from inflight.bench.serve import random_requests, run_benchmark
+from inflight.bench.serve_process import run_record, save_result, start_inflight
+
+__all__ = ["main", "offline_throughput", "offline_ttfts"]
+
+
+def _engine(model: Any, tok: Any, max_num_seqs: int):
+    from inflight import LLMEngine
+
+    return LLMEngine(model, tokenizer=tok, block_size=16, max_batch_size=max_num_seqs)
+
+
+def offline_throughput(model: Any, tok: Any, reqs: list, max_num_seqs: int) -> float:
+    """Output tokens per second of `generate` over every request at once."""
+    from inflight import SamplingParams
+
+    engine = _engine(model, tok, max_num_seqs)
+    params = [SamplingParams(max_tokens=r.output_len, ignore_eos=True) for r in reqs]
+    t0 = time.perf_counter()
+    outs = engine.generate([r.prompt for r in reqs], params, use_tqdm=False)
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+
+
+def offline_ttfts(model: Any, tok: Any, reqs: list, max_num_seqs: int) -> list[float]:
+    """The engine's own TTFT (arrival to first token) of each request run alone."""
+    from inflight import SamplingParams
+
+    engine = _engine(model, tok, max_num_seqs)
+    return [engine.generate([r.prompt], SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+                            use_tqdm=False)[0].ttft for r in reqs]
+
+
+def _round(model, tok, servers: dict, sat: list, low: list, args) -> dict:
+    row: dict[str, Any] = {"offline_tok_s": offline_throughput(model, tok, sat, args.max_num_seqs),
+                           "offline_ttft_ms": 1e3 * statistics.median(offline_ttfts(model, tok, low, args.max_num_seqs))}
+    for mode, srv in servers.items():
+        r = run_benchmark(srv.base_url, sat, disable_tqdm=True)
+        assert r["completed"] == len(sat), r["errors"][:3]
+        lo = run_benchmark(srv.base_url, low, max_concurrency=1, disable_tqdm=True)
+        row[f"{mode}_tok_s"] = r["output_throughput"]
+        row[f"{mode}_ttft_ms"] = lo["median_ttft_ms"]
+        row[f"{mode}_over_offline"] = r["output_throughput"] / row["offline_tok_s"]
+        row[f"{mode}_ttft_extra_ms"] = lo["median_ttft_ms"] - row["offline_ttft_ms"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve_cost", description=__doc__.splitlines()[0])
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--low-load-prompts", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--server-args", default="", help="more flags for both servers, e.g. '--stream-interval 4'")
+    p.add_argument("--output", type=Path, default=None, help="save the results JSON here")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 8 short requests, one round")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.output_len, args.low_load_prompts, args.rounds = 8, 8, 2, 1
+    from inflight import load_tiny
+    from inflight.threads import LoadWatch, configure_threads
+
+    threads = configure_threads()
+    model, tok = load_tiny()
+    sat = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0)
+    low = random_requests(args.low_load_prompts, args.input_len, 32 if not args.quick else 4, seed=1)
+    flags = ["--max-num-seqs", str(args.max_num_seqs), *args.server_args.split()]
+    servers = {"thread": start_inflight(flags), "task": start_inflight(flags + ["--engine-loop", "task"])}
+    rows = []
+    try:
+        _round(model, tok, servers, sat[:4], low[:1], args)  # warm-up: kernels built, caches warm
+        with LoadWatch() as watch:
+            for i in range(args.rounds):
+                rows.append(_round(model, tok, servers, sat, low, args))
+                print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items()), flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    summary = {k: {"median": statistics.median(r[k] for r in rows), "min": min(r[k] for r in rows),
+                   "max": max(r[k] for r in rows)} for k in rows[0]}
+    result = {**run_record("inflight.bench.serve_cost", argv, watch), "threads": threads.threads,
+              "settings": vars(args) | {"output": str(args.output)}, "rounds": rows, "summary": summary}
+    for mode in servers:
+        print(f"{mode} loop: {summary[f'{mode}_over_offline']['median']:.1%} of the offline engine's tokens/s "
+              f"(range {summary[f'{mode}_over_offline']['min']:.1%}-{summary[f'{mode}_over_offline']['max']:.1%}); "
+              f"median TTFT at low load {summary[f'{mode}_ttft_extra_ms']['median']:+.1f} ms over the engine's own")
+    print(f"machine busy during the run: {watch.busy}")
+    save_result(result, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Prometheus metrics with vLLM's names under `inflight:` (vLLM's `vllm/v1/metrics/loggers.py`).
+
+Gauges (requests running and waiting, KV-cache usage) are read from the engine loop's latest
+snapshot when /metrics is scraped; counters and histograms are recorded by the loop after every
+step, from the step's outputs: a request's TTFT when its first token comes out, each inter-token
+gap as it happens, its end-to-end latency and queue time when it ends. All of them are the
+engine's own clock (arrival = when the HTTP request came in), so a client sees these plus the
+network. Each server has its own registry, so several can live in one process (tests).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["ServerMetrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# vLLM's buckets
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class ServerMetrics:
+    """The server's metrics (a registry of its own) and how each step updates them."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r, m = self.registry, [model_name]
+
+        def gauge(name, doc):
+            return Gauge(f"inflight:{name}", doc, labels, registry=r).labels(*m)
+
+        def counter(name, doc):
+            return Counter(f"inflight:{name}", doc, labels, registry=r).labels(*m)
+
+        def histogram(name, doc, buckets):
+            return Histogram(f"inflight:{name}", doc, labels, buckets=buckets, registry=r).labels(*m)
+
+        self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        self.preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prefix cache queries, in queried tokens.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in cached tokens.")
+        self._success = Counter("inflight:request_success", "Count of finished requests, by finish reason.",
+                                labels + ["finished_reason"], registry=r)
+        self.model_name = model_name
+        self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             REQUEST_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                               REQUEST_BUCKETS)
+        self._seen: dict[str, int] = {}      # tokens of each running request already counted
+        self._prefix = (0, 0)                # the engine's prefix-cache totals at the last step
+
+    def on_step(self, outputs: list, engine: Any) -> None:
+        """Record one step (called on the engine loop, after `step()`)."""
+        if engine.stats:
+            st = engine.stats[-1]
+            self.prompt_tokens.inc(st.num_prefill_tokens)
+            self.preemptions.inc(st.num_preempted)
+        pc = engine.prefix_cache_stats()
+        queries, hits = pc["prefix_cache_query_tokens"], pc["prefix_cache_hit_tokens"]
+        self.prefix_queries.inc(queries - self._prefix[0])
+        self.prefix_hits.inc(hits - self._prefix[1])
+        self._prefix = (queries, hits)
+        for out in outputs:
+            seen = self._seen.get(out.request_id, 0)
+            times = out.token_times
+            self.generation_tokens.inc(len(times) - seen)
+            if seen == 0 and times:
+                self.ttft.observe(times[0] - out.arrival_time)
+            for a, b in zip(times[max(seen - 1, 0):], times[max(seen, 1):]):
+                self.itl.observe(b - a)
+            if out.finished:
+                self._seen.pop(out.request_id, None)
+                self.request_finished(out.finish_reason)
+                if out.finish_time is not None:
+                    self.e2e.observe(out.finish_time - out.arrival_time)
+                if out.queue_time is not None:
+                    self.queue.observe(out.queue_time)
+            else:
+                self._seen[out.request_id] = len(times)
+
+    def request_finished(self, reason: str | None) -> None:
+        self._success.labels(self.model_name, reason or "abort").inc()
+
+    def on_abort(self, request_id: str) -> None:
+        """An aborted request (its client left, or the server is shutting down)."""
+        self._seen.pop(request_id, None)
+        self.request_finished("abort")
+
+    def render(self, snapshot: Any) -> bytes:
+        """The text format, with the gauges read from the engine loop's latest `snapshot`."""
+        self.running.set(snapshot.num_running)
+        self.waiting.set(snapshot.num_waiting)
+        self.kv_usage.set(snapshot.blocks_used / max(snapshot.num_blocks, 1))
+        return generate_latest(self.registry)
