@@ -46,6 +46,9 @@ VARIANTS: dict[str, fair.Setting] = {
     "torch first, no governor": fair.Setting(
         "import torch first, no ThreadGovernor (INFLIGHT_ADAPT_THREADS=0)",
         (("OMP_WAIT_POLICY", None), ("INFLIGHT_ADAPT_THREADS", "0")), torch_first=True),
+    "torch first, short spin": fair.Setting(
+        "import torch first with GOMP_SPINCOUNT=10000 (idle OpenMP threads spin briefly, then sleep)",
+        (("OMP_WAIT_POLICY", None), ("GOMP_SPINCOUNT", "10000")), torch_first=True),
 }
 DEFAULT_VARIANTS = ("inflight first", "torch first")
 KEEP_TARGET = 0.40   # busy over quiet, each variant
