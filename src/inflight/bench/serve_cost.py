@@ -10,6 +10,10 @@ asyncio task on the event loop (`--engine-loop task`):
   (arrival to first token inside the engine), the difference being what HTTP, the event loop and
   the hand-over to the engine loop add.
 
+`--model-size HIDDEN,LAYERS` runs the same measurement on a Llama of random weights that size (with the
+tiny model's tokenizer), both sides loading the same checkpoint: the server's cost is a fixed amount of
+Python per streamed chunk, so what it weighs depends on what a token costs the model.
+
 Both sides use the same engine settings and `inflight.threads`' thread policy; the load generator
 (`inflight.bench.serve`) shares the cores with the server, as a client on the same machine does.
 """
@@ -69,6 +73,24 @@ def _round(model, tok, servers: dict, sat: list, low: list, args) -> dict:
     return row
 
 
+def _random_model(size: str):
+    """(model, tokenizer, checkpoint folder) for --model-size HIDDEN,LAYERS, written once to a cache folder."""
+    import tempfile
+
+    from inflight.bench.serve_process import save_random_checkpoint
+    from inflight.model.loading import load_pretrained
+
+    try:
+        hidden, layers = (int(x) for x in size.split(","))
+    except ValueError:
+        raise SystemExit(f"--model-size takes HIDDEN,LAYERS (two integers), got {size!r}") from None
+    folder = Path(tempfile.gettempdir()) / f"inflight-random-{hidden}x{layers}"
+    if not (folder / "model.safetensors").is_file():
+        save_random_checkpoint(folder, hidden, layers)
+    model, tok = load_pretrained(folder, device="cpu", with_tokenizer=True)
+    return model, tok, folder
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m inflight.bench.serve_cost", description=__doc__.splitlines()[0])
     p.add_argument("--num-prompts", type=int, default=64)
@@ -78,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-load-prompts", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--server-args", default="", help="more flags for both servers, e.g. '--stream-interval 4'")
+    p.add_argument("--model-size", default=None, metavar="HIDDEN,LAYERS",
+                   help="a random-weight Llama this wide and deep instead of the tiny model, e.g. 1024,16")
     p.add_argument("--output", type=Path, default=None, help="save the results JSON here")
     p.add_argument("--quick", action="store_true", help="a smoke run: 8 short requests, one round")
     args = p.parse_args(argv)
@@ -87,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     from inflight.threads import LoadWatch, configure_threads
 
     threads = configure_threads()
-    model, tok = load_tiny()
+    flags = ["--max-num-seqs", str(args.max_num_seqs), *args.server_args.split()]
+    if args.model_size:
+        model, tok, folder = _random_model(args.model_size)
+        flags += ["--model", str(folder)]
+    else:
+        model, tok = load_tiny()
     sat = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0)
     low = random_requests(args.low_load_prompts, args.input_len, 32 if not args.quick else 4, seed=1)
-    flags = ["--max-num-seqs", str(args.max_num_seqs), *args.server_args.split()]
     servers = {"thread": start_inflight(flags), "task": start_inflight(flags + ["--engine-loop", "task"])}
     rows = []
     try:
@@ -105,11 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = {k: {"median": statistics.median(r[k] for r in rows), "min": min(r[k] for r in rows),
                    "max": max(r[k] for r in rows)} for k in rows[0]}
     result = {**run_record("inflight.bench.serve_cost", argv, watch), "threads": threads.threads,
-              "settings": vars(args) | {"output": str(args.output)}, "rounds": rows, "summary": summary}
+              "settings": vars(args) | {"output": str(args.output)},
+              "model": {"name": getattr(model, "name_or_path", "tiny"), "parameters": sum(p.numel() for p in model.parameters())},
+              "rounds": rows, "summary": summary}
     for mode in servers:
         print(f"{mode} loop: {summary[f'{mode}_over_offline']['median']:.1%} of the offline engine's tokens/s "
               f"(range {summary[f'{mode}_over_offline']['min']:.1%}-{summary[f'{mode}_over_offline']['max']:.1%}); "
               f"median TTFT at low load {summary[f'{mode}_ttft_extra_ms']['median']:+.1f} ms over the engine's own")
+    print(f"the offline engine: {1e3 / summary['offline_tok_s']['median']:.2f} ms per output token at saturation "
+          f"({result['model']['parameters'] / 1e6:.1f}M parameters)")
     print(f"machine busy during the run: {watch.busy}")
     save_result(result, args.output)
     return 0

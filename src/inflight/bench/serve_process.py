@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["ServerHandle", "start_inflight", "start_transformers", "save_tiny_as_hf", "free_port", "run_record",
-           "save_result"]
+__all__ = ["ServerHandle", "start_inflight", "start_transformers", "save_tiny_as_hf", "save_random_checkpoint",
+           "free_port", "run_record", "save_result"]
 
 READY_TIMEOUT_S = 300
 
@@ -159,6 +159,30 @@ def save_tiny_as_hf(folder: Path) -> Path:
     cfg = json.loads((TINY_PATH / "config.json").read_text())
     cfg.pop("inflight_tokenizer", None)
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    return folder
+
+
+def save_random_checkpoint(folder: Path, hidden_size: int, num_layers: int, seed: int = 0) -> Path:
+    """A Llama checkpoint with random weights and the tiny model's byte tokenizer, `hidden_size` wide
+    and `num_layers` deep (heads of 64, half as many KV heads, the MLP 2.6875x as wide, as in the tiny
+    model): a model whose step costs what a real one's does, for measuring what a fixed per-token cost
+    (the server's HTTP work) weighs against it. Returns the folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inflight.model.loading import TINY_PATH
+
+    if hidden_size % 128 or num_layers < 1:
+        raise ValueError(f"hidden_size must be a multiple of 128 (heads of 64, half as many KV heads) and "
+                         f"num_layers >= 1, got {hidden_size} and {num_layers}")
+    folder = Path(folder)
+    cfg = json.loads((TINY_PATH / "config.json").read_text())
+    cfg.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64,
+               num_key_value_heads=hidden_size // 128, intermediate_size=hidden_size * 43 // 16)
+    torch.manual_seed(seed)
+    hf_cfg = {k: v for k, v in cfg.items() if k not in ("inflight_tokenizer", "architectures", "torch_dtype")}
+    LlamaForCausalLM(LlamaConfig(**hf_cfg)).save_pretrained(folder, safe_serialization=True)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))  # the byte tokenizer, as the tiny model's
     return folder
 
 

@@ -39,8 +39,11 @@ def default_kv_budget_bytes(device: str | torch.device = "cpu", gpu_memory_utili
                             cpu_fraction: float = 0.1, cpu_cap_bytes: int = 1 << 30) -> int:
     """Memory to give the KV cache when none is specified.
 
-    On CUDA, as serving engines do: a fraction of the memory still free *after the weights are
-    loaded* (`torch.cuda.mem_get_info`). On CPU: a small share of RAM, capped (default 1 GiB)."""
+    On CUDA: a fraction of the memory still free *after the weights are loaded*
+    (`torch.cuda.mem_get_info`). vLLM's `gpu_memory_utilization` differs: a fraction of the GPU's
+    *whole* memory, from which it subtracts the weights, peak activations and other non-KV memory
+    it measured; here nothing else shares the GPU, and a profiled peak would cost the reader a
+    forward pass at start-up. On CPU: a small share of RAM, capped (default 1 GiB)."""
     device = torch.device(device)
     if device.type == "cuda":
         if not 0 < gpu_memory_utilization <= 1:
