@@ -105,6 +105,22 @@ def _round(offline: Any, servers: dict, sat: list, low: list, turn: int) -> dict
     return row
 
 
+def _rounds(offline: Any, servers: dict, sat: list, low: list, rounds: int) -> tuple[list[dict], Any]:
+    """Warm the servers up (the offline process warms itself), then `rounds` rounds; the rows and the
+    load watched over them."""
+    from inflight.threads import LoadWatch
+
+    for srv in servers.values():  # kernels built, caches warm
+        run_benchmark(srv.base_url, sat[:4], disable_tqdm=True)
+        run_benchmark(srv.base_url, low[:1], max_concurrency=1, disable_tqdm=True)
+    rows = []
+    with LoadWatch() as watch:
+        for i in range(rounds):
+            rows.append(_round(offline, servers, sat, low, i))
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items()), flush=True)
+    return rows, watch
+
+
 def _random_model(size: str):
     """(model, tokenizer, checkpoint folder) for --model-size HIDDEN,LAYERS, written once to a cache folder."""
     import tempfile
@@ -142,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.num_prompts, args.output_len, args.low_load_prompts, args.rounds = 8, 8, 2, 1
     from inflight import load_tiny
-    from inflight.threads import LoadWatch, configure_threads
+    from inflight.threads import configure_threads
 
     threads = configure_threads()
     flags = ["--max-num-seqs", str(args.max_num_seqs), *args.server_args.split()]
@@ -162,15 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
     offline = fair.Contender("offline engine", _offline_command(args))
     servers = {"thread": start_inflight(flags), "task": start_inflight(flags + ["--engine-loop", "task"])}
-    rows = []
     try:
-        for srv in servers.values():  # warm-up: kernels built, caches warm (the offline process warms itself)
-            run_benchmark(srv.base_url, sat[:4], disable_tqdm=True)
-            run_benchmark(srv.base_url, low[:1], max_concurrency=1, disable_tqdm=True)
-        with LoadWatch() as watch:
-            for i in range(args.rounds):
-                rows.append(_round(offline, servers, sat, low, i))
-                print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items()), flush=True)
+        rows, watch = _rounds(offline, servers, sat, low, args.rounds)
     finally:
         for s in servers.values():
             s.stop()
