@@ -172,6 +172,14 @@ def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
     assert "bound_linear_layers_alone" in data["targets"]["paged_50pct_of_compute_roof"]
     report = bench.format_report(res)
     assert "long_tailed" in report and "targets" in report and "where the paged run's time went" in report
+    # the peers are compared by the fair protocol: own processes, this very model, checked tokens
+    fair = data["fair"]
+    assert fair["status"] == "ok" and fair["all_tokens_identical"], fair
+    assert set(fair["summary"]["contenders"]) == {"paged", "hf_static", "hf_continuous"}
+    entry = data["targets"]["paged_1.5x_work_bound_ideal_over_hf_static"]
+    assert entry["measured"].startswith("fair") and entry["ratio"] == pytest.approx(
+        fair["summary"]["ratios"]["paged/hf_static"]["median"], rel=1e-5)
+    assert "fair comparison" in report
 
 
 def test_token_ids_share_a_prefix_and_online_arrivals_keep_the_requests():

@@ -1,5 +1,5 @@
-"""`python -m inflight.bench.busy`: each variant runs in its own process with the thread setting it
-names, and the report holds quiet and busy figures (no timing is asserted: that is the benchmark's job)."""
+"""`python -m inflight.bench.busy`: every variant in fresh processes, quiet and beside competitors, the
+variants taking turns; the targets on the medians (no timing is asserted: that is the benchmark's job)."""
 from __future__ import annotations
 
 import pytest
@@ -8,37 +8,59 @@ from inflight.bench import busy
 
 
 def test_unknown_variant_is_named():
-    with pytest.raises(ValueError, match="unknown variant 'fast'"):
-        busy.run_variant("fast", 2, 0)
+    with pytest.raises(ValueError, match="unknown variant"):
+        busy.matrix(["fast"], n=2, rounds=1)
 
 
 def test_bad_request_count_is_refused(capsys):
     with pytest.raises(SystemExit):
         busy.main(["-n", "0"])
-    assert "--num-requests must be >= 1" in capsys.readouterr().err
+    assert "--num-requests and --rounds must be >= 1" in capsys.readouterr().err
 
 
-def test_spin_variant_loads_torch_before_inflight():
+def test_matrix_takes_turns_and_judges_the_medians(monkeypatch):
+    calls = []
+    quiet = {"inflight first": [100.0, 110.0, 90.0], "torch first": [120.0, 60.0, 130.0]}
+
+    def fake_run(contender, setting):
+        name = next(k for k, v in busy.VARIANTS.items() if v == setting)
+        calls.append(name)
+        n = sum(c == name for c in calls)  # the n-th run of this variant: odd quiet, even busy
+        value = quiet[name][(n - 1) // 2] * (1 if n % 2 else 0.5)
+        return {"value": value, "kernels": {"on": "pool"}, "load": {"other_cores_during": 0.0}}
+
+    monkeypatch.setattr(busy, "competitors_running", _no_competitors)
+    res = busy.matrix(["inflight first", "torch first"], n=8, rounds=3, run=fake_run, log=lambda s: None)
+    assert calls[:4] == ["inflight first"] * 2 + ["torch first"] * 2  # quiet then busy, variant by variant
+    assert calls[4:6] == ["torch first"] * 2  # round 2 starts with the other variant
+    cells = res["variants"]
+    assert cells["torch first"]["quiet"] == {"median": 120.0, "min": 60.0, "max": 130.0, "per_round": [120.0, 60.0, 130.0]}
+    assert cells["inflight first"]["kept"]["median"] == pytest.approx(0.5)
+    t = res["targets"]
+    assert t["quiet_of_best"] == {"inflight first": pytest.approx(100 / 120), "torch first": 1.0}
+    assert t["quiet_met"] and t["kept_met"] and t["met"]
+
+
+def _no_competitors(count):
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def test_targets_fail_when_a_variant_is_slow_or_collapses():
+    cells = {"a": {"quiet": {"median": 100.0}, "kept": {"median": 0.5}},
+             "b": {"quiet": {"median": 70.0}, "kept": {"median": 0.1}}}
+    t = busy.targets(cells, ["a", "b"])
+    assert not t["quiet_met"] and not t["kept_met"] and not t["met"]
+    assert busy.targets(cells, ["a"])["met"]
+
+
+def test_torch_first_variant_really_loads_torch_first():
     # the tricky one: `import inflight` would set PASSIVE, so the child must load torch first
-    out = busy.run_variant("spin", 2, 0)
-    assert out["passive_wait"] is False and out["tokens_per_s"] > 0 and out["wall_s"] > 0
-
-
-def test_report_has_both_runs_and_the_target_on_the_default():
-    res = busy.run_busy_benchmark(2, ["inflight"], competitors=1, log=lambda s: None)
-    v = res["variants"]["inflight"]
-    assert v["kept"] == pytest.approx(v["busy"]["tokens_per_s"] / v["quiet"]["tokens_per_s"])
-    assert v["quiet"]["passive_wait"] is True and v["busy"]["passive_wait"] is True
-    assert res["target"]["keep_at_least"] == busy.KEEP_TARGET and res["competitors"] == 1
-    assert v["kept_min"] == v["kept_max"] == v["kept"] and v["quiet"]["adaptive_threads"] is True
-
-
-def test_rounds_report_the_median_round_and_the_spread():
-    res = busy.run_busy_benchmark(2, ["fixed"], competitors=1, log=lambda s: None, rounds=3)
-    v = res["variants"]["fixed"]
-    assert len(v["kept_per_round"]) == 3 and v["kept_min"] <= v["kept"] <= v["kept_max"]
-    assert sorted(v["kept_per_round"])[1] == v["kept"] and v["quiet"]["adaptive_threads"] is False
-    assert "target" not in res  # the target is on the default only
+    res = busy.matrix(["torch first", "inflight first"], n=2, rounds=1, competitors=1, log=lambda s: None)
+    row = res["rounds"][0]
+    assert row["torch first"]["quiet"]["passive_wait"] is False and row["inflight first"]["quiet"]["passive_wait"] is True
+    assert row["torch first"]["quiet"]["value"] > 0 and row["torch first"]["busy"]["value"] > 0
 
 
 def test_measure_here_runs_this_process_alone_and_beside_competitors():

@@ -1,22 +1,37 @@
-"""`python -m inflight.bench.side_by_side`: modes alternate, every round has its own ratios and token check
-(no speed is asserted: that is the benchmark's job)."""
+"""`python -m inflight.bench.side_by_side`: the fair protocol on the engine and the transformers peers —
+every system in its own process, its settings searched, the rounds alternating, every process's tokens
+checked against a saved reference (no speed is asserted: that is the benchmark's job)."""
+import json
+
 import pytest
 
-from inflight.bench import side_by_side
+from inflight.bench import fair, side_by_side
+
+SHAPE = dict(prompt_range=(3, 10), output_mean=4, output_cap=8)
 
 
-def test_rounds_alternate_the_modes_and_check_every_runs_tokens():
+def test_the_whole_protocol_on_a_tiny_workload(tmp_path):
     pytest.importorskip("transformers")
-    res = side_by_side.run(n=4, rounds=2, log=lambda s: None, prompt_range=(3, 10), output_mean=4, output_cap=8)
-    assert res["status"] == "ok" and len(res["rounds"]) == 2
+    settings = fair.openmp_settings(2, policies=("default", "PASSIVE"))[:2]  # two settings keep it short
+    res = side_by_side.run(n=4, rounds=2, search_rounds=1, search_n=3, floor=True, reference_path=tmp_path / "ref.json",
+                           settings=settings, log=lambda s: None, **SHAPE)
+    assert res["status"] == "ok" and len(res["rounds"]) == 2 and res["all_tokens_identical"]
     for row in res["rounds"]:
-        assert set(row["tokens_per_s"]) == {"paged", "hf_static", "hf_continuous"}
-        assert all(v == 4 for v in row["identical_requests"].values())  # float32: the peers' tokens are ours
-        assert row["of_ideal"] == pytest.approx(row["over_hf_static"] / res["target"]["work_bound_ideal"])
+        assert set(row) == {"paged", "hf_static", "hf_continuous"}
+        assert all(m["token_check"] == {"identical": 4, "of": 4, "ok": True} for m in row.values())
+        assert row["paged"]["floor"]["wall_over_floor"] > 0  # each paged run measured its floor
+    for name, found in res["settings"].items():  # every setting tried on the search workload, the best kept
+        assert [t["setting"]["label"] for t in found["tried"]] == [s.label for s in settings]
+        assert found["best"]["label"] in {s.label for s in settings}
+    ref = json.loads((tmp_path / "ref.json").read_text())
+    assert len(ref["tokens"]) == 4 and "sequential" in ref["source"]
+    assert (tmp_path / "ref_search3.json").exists()
     t = res["target"]
     assert t["rounds_measured"] == 2 and t["min_of_ideal"] <= t["median_of_ideal"] <= t["max_of_ideal"]
     assert t["met"] == (t["median_of_ideal"] >= side_by_side.TARGET_OF_IDEAL)
-    assert "rounds" in side_by_side.report(res)
+    assert t["floor"]["n"] == 2 and t["floor"]["met"] == (t["floor"]["median"] <= side_by_side.TARGET_FLOOR)
+    text = side_by_side.report(res)
+    assert "work-bound ideal" in text and "over its floor" in text and "identical to the reference: yes" in text
 
 
 def test_bad_arguments_are_refused(capsys):

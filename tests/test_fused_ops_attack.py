@@ -247,14 +247,14 @@ def test_fused_ops_do_not_write_past_their_outputs():
         x = torch.randn(rows, dim)
         w = torch.randn(dim)
         buf = torch.full((rows * dim + 64,), 12345.0)
-        lib.inflight_rms_norm_f32(x.data_ptr(), None, w.data_ptr(), rows, dim, 1e-5, buf.data_ptr())
+        lib.inflight_rms_norm_f32(x.data_ptr(), None, w.data_ptr(), rows, dim, 1e-5, buf.data_ptr(), 2)
         assert torch.all(buf[rows * dim:] == 12345.0)
         g = torch.randn(rows, 2 * dim)
         buf = torch.full((rows * dim + 64,), 12345.0)
-        lib.inflight_silu_and_mul_f32(g.data_ptr(), rows, dim, buf.data_ptr())
+        lib.inflight_silu_and_mul_f32(g.data_ptr(), rows, dim, buf.data_ptr(), 2)
         assert torch.all(buf[rows * dim:] == 12345.0)
         res, out = torch.full((rows * dim + 64,), 1.0), torch.empty(rows * dim)
-        lib.inflight_rms_norm_f32(x.data_ptr(), res.data_ptr(), w.data_ptr(), rows, dim, 1e-5, out.data_ptr())
+        lib.inflight_rms_norm_f32(x.data_ptr(), res.data_ptr(), w.data_ptr(), rows, dim, 1e-5, out.data_ptr(), 2)
         assert torch.all(res[rows * dim:] == 1.0)
 
 
@@ -395,12 +395,12 @@ def _tiny_engine():
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_a_step_that_raises_leaves_torchs_thread_count_as_it_was(exc, monkeypatch):
     from inflight.engine.sampling import SamplingParams
-    from inflight.threads import ThreadGovernor
+    from inflight.engine.thread_governor import ThreadGovernor
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         engine = _tiny_engine()
-        gov = ThreadGovernor(read_others=lambda: 1)  # a neighbour on one of two cores: narrow to one thread
+        gov = ThreadGovernor(read_others=lambda: 1, torch_spins=False)  # a neighbour on one of two cores: narrow to one thread
         gov.cores, gov.others = 2, 1.0  # (its average already caught up)
         engine.runner.threads = gov
         seen = []
@@ -421,7 +421,7 @@ def test_a_step_that_raises_leaves_torchs_thread_count_as_it_was(exc, monkeypatc
 
 def test_governed_engine_tokens_equal_ungoverned_and_count_restored():
     from inflight.engine.sampling import SamplingParams
-    from inflight.threads import ThreadGovernor
+    from inflight.engine.thread_governor import ThreadGovernor
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     prompts = [[1, 2, 3, 4, 5], list(range(30)), [7]]

@@ -26,6 +26,16 @@ def test_serve_cost_quick(tmp_path):
     row = r["rounds"][0]
     assert row["offline_tok_s"] > 0 and row["thread_tok_s"] > 0 and row["task_tok_s"] > 0
     assert r["command"].startswith("python -m inflight.bench.serve_cost") and "loadavg" in json.dumps(r["load"])
+    # the offline engine ran in a process of its own (fair protocol), the three taking turns
+    assert "--offline" in r["offline_command"] and r["orders"] == [["offline", "thread", "task"]]
+
+
+def test_serve_cost_rotates_who_goes_first():
+    from inflight.bench.serve_cost import turn_order
+
+    orders = [turn_order(["offline", "thread", "task"], i) for i in range(4)]
+    assert [o[0] for o in orders] == ["offline", "thread", "task", "offline"]
+    assert all(sorted(o) == ["offline", "task", "thread"] for o in orders)
 
 
 def test_serve_chaos_quick_keeps_its_guarantees(tmp_path):

@@ -21,16 +21,16 @@ def test_import_inflight_first_makes_idle_threads_sleep_and_uses_every_core():
     assert out.split() == ["PASSIVE", "True", "True"]
 
 
-def test_torch_loaded_first_means_one_thread():
+def test_torch_loaded_first_still_gets_every_core():
     out = _run("import os; os.environ.pop('OMP_WAIT_POLICY', None); import torch, inflight; c = inflight.configure_threads(); "
-               "print(c.passive_wait, c.threads, torch.get_num_threads(), 'OMP_WAIT_POLICY' in os.environ)", {})
-    assert out.split() == ["False", "1", "1", "False"]  # too late to matter, so not set either
+               "print(c.passive_wait, c.threads == c.cores == torch.get_num_threads(), 'OMP_WAIT_POLICY' in os.environ)", {})
+    assert out.split() == ["False", "True", "False"]  # too late to matter, so not set either
 
 
 def test_users_own_policy_is_respected():
-    out = _run("import os, inflight; c = inflight.configure_threads(); print(os.environ['OMP_WAIT_POLICY'], c.passive_wait, c.threads)",
-               {"OMP_WAIT_POLICY": "ACTIVE"})
-    assert out.split() == ["ACTIVE", "False", "1"]
+    out = _run("import os, inflight; c = inflight.configure_threads(); print(os.environ['OMP_WAIT_POLICY'], c.passive_wait, "
+               "c.threads == c.cores)", {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert out.split() == ["ACTIVE", "False", "True"]
 
 
 def test_explicit_thread_count_and_bad_values():
@@ -108,16 +108,18 @@ def test_other_runnable_is_the_machine_count_less_this_process(monkeypatch):
     machine = iter([1, 5, 4, 3, 3])
     monkeypatch.setattr(threads, "_running_threads", lambda: next(machine))
     monkeypatch.setattr(threads, "_own", lambda: 2)
-    assert threads._other_runnable() == 0  # only the reader: this process's threads not even read
-    assert threads._other_runnable() == 2  # 5 then 4 around our 2: the smaller, less ours
-    assert threads._other_runnable() == 1
+    assert threads.other_runnable() == 0  # only the reader: this process's threads not even read
+    assert threads.other_runnable() == 2  # 5 then 4 around our 2: the smaller, less ours
+    assert threads.other_runnable() == 1
     monkeypatch.setattr(threads, "_running_threads", lambda: None)
-    assert threads._other_runnable() is None  # no /proc/loadavg
+    assert threads.other_runnable() is None  # no /proc/loadavg
 
 
-def _governor(samples, cores=2):
+def _governor(samples, cores=2, torch_spins=False):
+    from inflight.engine.thread_governor import ThreadGovernor
+
     it = iter(samples)
-    g = threads.ThreadGovernor(read_others=lambda: next(it))
+    g = ThreadGovernor(read_others=lambda: next(it), torch_spins=torch_spins)
     g.cores = cores
     return g
 
@@ -194,3 +196,63 @@ def test_every_operator_gives_the_same_tokens_on_one_thread_or_two():
     finally:
         torch.set_num_threads(before)
     assert outs[0] == outs[1]
+
+
+# --- the governor's rule (`inflight.engine.thread_governor.plan_step`) ------------------------------
+
+@pytest.mark.parametrize("torch_spins", [False, True])
+def test_a_quiet_machine_spins_on_torchs_team_if_it_spins_else_on_the_pool(torch_spins):
+    from inflight.engine.thread_governor import plan_step
+
+    p = plan_step(cores=2, neighbours=0, threads=2, torch_spins=torch_spins, quiet_spin_ns=123)
+    assert (p.threads, p.torch_threads, p.spin_ns) == (2, 2, 123)
+    assert p.kernels_on_openmp is torch_spins  # one team of ours waits for work, never two
+
+
+@pytest.mark.parametrize("torch_spins", [False, True])
+@pytest.mark.parametrize("neighbours", [1, 2, 5])
+def test_a_busy_machine_sleeps_on_torchs_team_if_it_sleeps_else_on_the_pool(torch_spins, neighbours):
+    from inflight.engine.thread_governor import plan_step
+
+    p = plan_step(cores=2, neighbours=neighbours, threads=2, torch_spins=torch_spins, quiet_spin_ns=123)
+    assert p.spin_ns == 0 and p.kernels_on_openmp is (not torch_spins)
+    assert p.threads == (1 if neighbours == 1 else 2)
+    assert p.torch_threads == (1 if torch_spins else p.threads)  # a spinning torch team gets no member to wait for
+
+
+def test_adjust_applies_the_plan_and_restore_gives_torch_its_count_back():
+    import torch
+
+    from inflight.engine.thread_governor import ThreadGovernor
+
+    class Pool:
+        QUIET_SPIN_NS = 7
+
+        def __init__(self):
+            self.calls, self.openmp = [], False
+
+        def set_spin(self, ns):
+            self.calls.append(("spin", ns))
+
+        def use(self, threads, openmp=False):
+            self.calls.append(("use", threads, openmp))
+            self.openmp = openmp
+
+        def on_openmp(self):
+            return self.openmp
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pool = Pool()
+        g = ThreadGovernor(read_others=iter([0] + [2] * 20).__next__, torch_spins=True, pool=pool)
+        g.cores = 2
+        assert g.adjust() == 2 and pool.calls[-2:] == [("spin", 7), ("use", 2, True)]
+        for _ in range(10):
+            g.adjust()
+        assert pool.calls[-2:] == [("spin", 0), ("use", 2, False)] and torch.get_num_threads() == 1
+        assert g.last.torch_threads == 1 and g.busy_steps >= 5
+        g.restore()
+        assert torch.get_num_threads() == 2 and pool.calls[-1] == ("use", None, False)
+    finally:
+        torch.set_num_threads(before)

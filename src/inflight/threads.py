@@ -6,18 +6,16 @@ to sleep; at the end of every region all members wait for the slowest. On an idl
 fast. On a busy one it collapses: when another program holds a core, one of torch's threads is
 descheduled, every parallel region waits at its barrier until it runs again, and meanwhile the
 spinning threads burn the CPU time the descheduled one needs. `OMP_WAIT_POLICY=PASSIVE` makes idle
-threads sleep at once instead.
+threads sleep at once instead, at the price of a wake-up in every region.
 
 OpenMP reads that variable once, when torch's library loads, so it has to be in the environment
 *before* `import torch`: `import inflight` sets it (unless it is already set) when torch is not
-loaded yet — the chapters and `python -m inflight.bench` import inflight first.
-`configure_threads()` then picks the number of threads for this process: every core when idle
-threads sleep, one thread when they would spin (torch was imported first, or you chose another
-policy), because one thread has no barrier to wait at. While an engine runs, its `ThreadGovernor`
-narrows that to the cores other programs leave free while most are free, and widens it again when
-they go (or when most cores are taken: then every thread is a share of the machine).
-`machine_load()` says whether other programs compete for the cores, so that a measurement taken on
-a busy machine can be flagged as such.
+loaded yet. Either way the engine is fast: its C kernels run on a pool of their own whose waiting
+the engine's `ThreadGovernor` (`inflight.engine.thread_governor`) sets before every step from the
+load it reads here, and it keeps torch's own team from spinning beside a busy program.
+`configure_threads()` gives torch every core (or the count you ask for). `machine_load()` says
+whether other programs compete for the cores, so that a measurement taken on a busy machine can be
+flagged as such.
 """
 from __future__ import annotations
 
@@ -26,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "ThreadGovernor", "configure_threads", "machine_load",
+__all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "other_runnable",
            "passive_wait_in_effect", "usable_cores", "adaptive_threads_wanted", "BUSY_RUNNABLE"]
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
@@ -71,9 +69,9 @@ class ThreadConfig:
 def configure_threads(threads: int | None = None) -> ThreadConfig:
     """Set torch's intra-op threads for this process and say why (`threads` overrides the policy).
 
-    The policy: all usable cores when idle OpenMP threads sleep (`passive_wait_in_effect()`), else one
-    thread — with spinning idle threads, any program sharing the machine makes a multi-threaded run
-    collapse, while one thread degrades gracefully to its fair share of a core."""
+    The policy: every usable core, whatever the wait policy. (It used to be one thread unless idle
+    threads slept, because spinning threads collapse beside a busy program; the engine's
+    `ThreadGovernor` now takes care of that step by step, and one thread halved every quiet run.)"""
     import torch
 
     cores = usable_cores()
@@ -82,11 +80,9 @@ def configure_threads(threads: int | None = None) -> ThreadConfig:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
         reason = "asked for"
-    elif passive:
-        threads, reason = cores, f"{WAIT_POLICY_VAR}=PASSIVE: idle threads sleep, so every core can be used"
     else:
-        threads, reason = 1, (f"torch was loaded before {WAIT_POLICY_VAR}=PASSIVE could be set (import "
-                              "inflight first): one thread, which has no barrier to spin at")
+        threads, reason = cores, ("every core: the engine's ThreadGovernor fits each step to the machine (idle "
+                                  f"OpenMP threads {'sleep' if passive else 'spin'})")
     torch.set_num_threads(threads)
     return ThreadConfig(threads, cores, passive, reason)
 
@@ -116,7 +112,7 @@ def machine_load(seconds: float = 0.2, samples: int = 10) -> MachineLoad:
     process's own; elsewhere the 1-minute load average stands in) over `seconds`."""
     counts = []
     for i in range(samples):
-        others = _other_runnable()
+        others = other_runnable()
         if others is None:
             break
         counts.append(others)
@@ -201,7 +197,7 @@ def _running_threads() -> int | None:
     return _loadavg()
 
 
-def _other_runnable() -> int | None:
+def other_runnable() -> int | None:
     """Threads of *other* programs running or runnable right now (Linux; else None).
 
     The machine's count minus this process's own runnable threads. The two are read a moment apart,
@@ -308,62 +304,3 @@ def adaptive_threads_wanted() -> bool:
     """Whether engines should fit their threads to the free cores (`ThreadGovernor`): yes unless
     `INFLIGHT_ADAPT_THREADS=0`."""
     return os.environ.get(ADAPT_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-class ThreadGovernor:
-    """Fits torch's thread count, for each engine step, to the cores other programs leave free.
-
-    Sleeping idle threads stop the collapse, but a team whose members run at different speeds still
-    waits, at the end of every parallel region, for the slowest. Before each step the governor reads
-    how many threads of *other* programs are runnable (`/proc/loadavg`, less this process's own:
-    torch's workers are still runnable for a moment after each parallel region) and averages that
-    over the last few steps, so that a passing blip changes nothing. Then, with n neighbours on c
-    cores:
-
-    - n <= c / 2: the step runs on the c - n free cores. A thread sharing a core with a neighbour
-      gets half of it, and the region waits for it: c threads would take 2/c of the work's time,
-      the free cores alone 1/(c - n), which is no more.
-    - n > c / 2: every thread (never more than were set). When most cores are shared, each of our
-      threads is slowed alike, so little is lost at the barriers, and each one is a share of the
-      machine: on 2 cores beside 2 busy programs, 2 threads get about a core, 1 thread two thirds
-      of one (`python -m inflight.bench.busy` measures it: the governed run and the `fixed` one).
-
-    `restore()` puts the count back after the step, so nothing else in the process sees the change.
-    The tokens don't change: each operator gives the same bits with any thread count (the tests
-    check it). Where `/proc/loadavg` doesn't exist, it does nothing; `INFLIGHT_ADAPT_THREADS=0`
-    turns it off.
-    """
-
-    def __init__(self, smoothing: float = 0.3, read_others=None):
-        import torch
-
-        self._torch = torch
-        self.cores = usable_cores()
-        self.smoothing = smoothing  # weight of the newest sample in the running average
-        self.others = 0.0           # running average of other runnable threads
-        self.narrowed_steps = 0     # steps run on fewer threads than were set
-        self._read = read_others or _other_runnable  # () -> other programs' runnable threads, or None
-        self._saved: int | None = None
-
-    def adjust(self) -> int:
-        """Sample the machine and set torch's threads for the coming step; returns the count."""
-        self.restore()  # (in case the last step's wasn't)
-        now = self._torch.get_num_threads()
-        others = self._read()
-        if others is None:
-            return now
-        self.others += self.smoothing * (others - self.others)
-        # a neighbour counts once the average says so (0.75 of one): a single sample of one isn't enough
-        neighbours = int(self.others + 0.25)
-        want = now if 2 * neighbours > self.cores else max(1, min(now, self.cores - neighbours))
-        if want != now:
-            self._saved = now
-            self._torch.set_num_threads(want)
-            self.narrowed_steps += 1
-        return want
-
-    def restore(self) -> None:
-        """Put back the thread count `adjust` found."""
-        if self._saved is not None:
-            self._torch.set_num_threads(self._saved)
-            self._saved = None

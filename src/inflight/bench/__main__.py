@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-B", "--batch-size", type=int, default=None, help="slots of the static/contiguous modes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--fair-rounds", type=int, default=None,
+                   help="rounds of the fair comparison with the peers (bench.fair; 0: none; default 3, --quick 1)")
     p.add_argument("--no-attention-bench", action="store_true")
     p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
     p.add_argument("--no-decode-step", action="store_true", help="skip the batch-1 decode step timing")
@@ -76,6 +78,10 @@ def config_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Be
     for flag, value in (("--num-requests", args.num_requests), ("--batch-size", args.batch_size)):
         if value is not None and value < 1:
             p.error(f"{flag} must be >= 1")
+    if args.fair_rounds is not None:
+        if args.fair_rounds < 0:
+            p.error("--fair-rounds must be >= 0")
+        cfg = replace(cfg, fair_rounds=args.fair_rounds)
     return replace(cfg, n=args.num_requests or cfg.n, batch_size=args.batch_size or cfg.batch_size, seed=args.seed,
                    model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                    attention_bench=not args.no_attention_bench, prefix_bench=not args.no_prefix_bench,
@@ -99,7 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = _parser()
     args = p.parse_args(argv)
-    results = run_benchmark(config_from_args(p, args))
+    cfg = config_from_args(p, args)
+    if args.out:  # the fair comparison's reference tokens go beside the results
+        where = results_path(args.out, args.device or "cpu")
+        cfg = replace(cfg, fair_reference=str(where.with_name(where.stem + "_reference_tokens.json")))
+    results = run_benchmark(cfg)
     print()
     print(format_report(results))
     if args.out:

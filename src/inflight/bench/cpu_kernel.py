@@ -170,7 +170,7 @@ def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
     e2e = end_to_end(model, n, repeats)
     return {"status": "ok", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m inflight.bench.cpu_kernel " + " ".join(sys.argv[1:]), "threads": threads.threads,
-            "kernel_uses_openmp": cpu_attention.uses_openmp(), "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
+            "kernel_threads": cpu_attention.parallel_backend(), "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
             "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"],
             "linear_step_ms": linear, "skinny_max_rows": skinny_gemm.MAX_ROWS, "end_to_end": e2e}
 

@@ -192,7 +192,8 @@ def targets(results: dict[str, Any], batch_size: int) -> dict[str, Any]:
                 ratio = tps["paged"] / tps[peer]
                 t[f"paged_{goal}x_{peer}"] = {"ratio": ratio, "goal": goal, "met": ratio >= goal}
     else:
-        t.update(_peer_targets(tps, ideal, modes.get("paged") or {}, results.get("time_floor") or {}))
+        t.update(_peer_targets(tps, ideal, modes.get("paged") or {}, results.get("time_floor") or {},
+                               results.get("fair") or {}))
     share = {}
     for m in ("contiguous", "paged"):
         es = (modes.get(m) or {}).get("engine_stats") or {}
@@ -217,10 +218,12 @@ HF_CONTINUOUS_TARGET = 15.0    # x `transformers` continuous batching
 
 
 def _peer_targets(tps: dict[str, Any], ideal: dict[str, Any] | None, paged: dict[str, Any],
-                  floor: dict[str, Any]) -> dict[str, Any]:
-    """The paged engine against its roof and its peers (each entry: the figures and `met`). With the
-    run's time floor (`bench.floor`), each entry also says the most the target's measure could reach
-    on this machine if everything but the linear layers were free, and whether the target is within it."""
+                  floor: dict[str, Any], fair: dict[str, Any]) -> dict[str, Any]:
+    """The paged engine against its roof and its peers (each entry: the figures and `met`). The
+    ratios come from the fair comparison when it ran (`bench.fair`: the median over its rounds, with
+    the range), else from this process's table (marked so). With the run's time floor
+    (`bench.floor`), each entry also says the most the target's measure could reach on this machine
+    if everything but the linear layers were free, and whether the target is within it."""
     t: dict[str, Any] = {}
     ok = floor.get("status") == "ok"
     bounds = floor.get("ratio_bounds", {}) if ok else {}
@@ -230,24 +233,38 @@ def _peer_targets(tps: dict[str, Any], ideal: dict[str, Any] | None, paged: dict
             bound = floor["linear_layers_at_batch"]["fraction_of_compute_roof"]
             entry |= {"bound_linear_layers_alone": bound, "reachable": bound >= ROOF_TARGET}
         t["paged_50pct_of_compute_roof"] = entry
-    if tps.get("paged") and tps.get("hf_static"):
-        ratio = tps["paged"] / tps["hf_static"]
-        entry = {"ratio": ratio}
-        if ideal and ideal.get("work_bound_speedup"):
+    for peer, key in (("hf_static", "paged_1.5x_work_bound_ideal_over_hf_static"),
+                      ("hf_continuous", "paged_15x_hf_continuous")):
+        entry = _peer_ratio(peer, tps, fair)
+        if entry is None:
+            continue
+        ratio = entry["ratio"]
+        if peer == "hf_static" and ideal and ideal.get("work_bound_speedup"):
             # the scheduling gain is at most the work-bound ideal; what is beyond it is a cheaper token
             wb = ideal["work_bound_speedup"]
             entry |= {"work_bound_ideal": wb, "of_ideal": ratio / wb, "met": ratio >= PER_TOKEN_COST_TARGET * wb}
-            if "hf_static" in bounds:
-                entry |= {"bound_of_ideal_linear_only": bounds["hf_static"]["linear_only"] / wb,
-                          "bound_of_ideal_linear_and_kv": bounds["hf_static"]["linear_and_kv"] / wb,
-                          "reachable": bounds["hf_static"]["linear_and_kv"] / wb >= PER_TOKEN_COST_TARGET}
-        t["paged_1.5x_work_bound_ideal_over_hf_static"] = entry
-    if tps.get("paged") and tps.get("hf_continuous"):
-        ratio = tps["paged"] / tps["hf_continuous"]
-        entry = {"ratio": ratio, "met": ratio >= HF_CONTINUOUS_TARGET}
-        if "hf_continuous" in bounds:
-            entry |= {"bound_linear_only": bounds["hf_continuous"]["linear_only"],
-                      "bound_linear_and_kv": bounds["hf_continuous"]["linear_and_kv"],
-                      "reachable": bounds["hf_continuous"]["linear_and_kv"] >= HF_CONTINUOUS_TARGET}
-        t["paged_15x_hf_continuous"] = entry
+            if "range" in entry:
+                entry["of_ideal_range"] = [x / wb for x in entry["range"]]
+            if peer in bounds:
+                entry |= {"bound_of_ideal_linear_only": bounds[peer]["linear_only"] / wb,
+                          "bound_of_ideal_linear_and_kv": bounds[peer]["linear_and_kv"] / wb,
+                          "reachable": bounds[peer]["linear_and_kv"] / wb >= PER_TOKEN_COST_TARGET}
+        elif peer == "hf_continuous":
+            entry["met"] = ratio >= HF_CONTINUOUS_TARGET
+            if peer in bounds:
+                entry |= {"bound_linear_only": bounds[peer]["linear_only"],
+                          "bound_linear_and_kv": bounds[peer]["linear_and_kv"],
+                          "reachable": bounds[peer]["linear_and_kv"] >= HF_CONTINUOUS_TARGET}
+        t[key] = entry
     return t
+
+
+def _peer_ratio(peer: str, tps: dict[str, Any], fair: dict[str, Any]) -> dict[str, Any] | None:
+    """paged over `peer`: the fair comparison's median (and range, rounds), else this process's ratio."""
+    r = (fair.get("summary") or {}).get("ratios", {}).get(f"paged/{peer}") if fair.get("status") == "ok" else None
+    if r and r.get("median"):
+        return {"ratio": r["median"], "range": [r["min"], r["max"]], "rounds": r["n"],
+                "measured": "fair: each system in its own process at its best setting, alternating (bench.fair)"}
+    if tps.get("paged") and tps.get(peer):
+        return {"ratio": tps["paged"] / tps[peer], "measured": "in one process (no fair comparison ran)"}
+    return None

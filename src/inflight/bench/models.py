@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BenchModel", "SHAPES", "random_model", "shaped_model", "load_model", "describe_model"]
+__all__ = ["BenchModel", "SHAPES", "random_model", "shaped_model", "load_model", "describe_model", "save_model",
+           "load_saved"]
 
 
 @dataclass
@@ -89,3 +90,22 @@ def _sha256(path: Path) -> str | None:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def save_model(model: Any, path: str) -> str:
+    """Write a model for the contenders' processes to load (`--weights`): a model held only in
+    memory -- a notebook's, a test's random one -- can be compared too."""
+    import dataclasses
+
+    torch.save({"config": dataclasses.asdict(model.config), "state_dict": model.state_dict()}, path)
+    return path
+
+
+def load_saved(path: str) -> Any:
+    """The model `save_model` wrote, in float32 for inference."""
+    from inflight.model.llama import LlamaConfig, LlamaModel
+
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    model = LlamaModel(LlamaConfig(**saved["config"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.float().eval()

@@ -9,7 +9,7 @@ from typing import Any
 
 from inflight.bench.config import MODE_TITLES, MODES
 
-__all__ = ["format_table", "format_report", "save_results", "print_and_save"]
+__all__ = ["format_table", "format_report", "format_fair", "save_results", "print_and_save"]
 
 
 def _f(x: Any, fmt: str, scale: float = 1.0) -> str:
@@ -57,6 +57,9 @@ def format_report(results: dict[str, Any]) -> str:
             out += ["", f"== {name}: {w['requests']} requests, {w['useful_tokens']} tokens to generate ==",
                     format_table(w["modes"]), _ideal_line(w["ideal"])]
     out += _online_lines(results["workloads"].get("online"))
+    fair = results.get("fair") or {}
+    out += ["", format_fair(fair)] if fair.get("status") == "ok" else \
+        (["", f"fair comparison with the peers: {fair['status']} ({fair.get('reason') or fair.get('error')})"] if fair else [])
     out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
     out += _floor_lines(results.get("time_floor") or {})
     for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
@@ -112,6 +115,24 @@ def _online_lines(online: dict[str, Any] | None) -> list[str]:
                        f"{v['tokens_per_s']:7.0f} tok/s  TTFT p50 {_f(v['ttft_p50_s'], '.0f', 1e3)} ms "
                        f"p99 {_f(v['ttft_p99_s'], '.0f', 1e3)} ms  TPOT p50 {_f(v['tpot_p50_s'], '.1f', 1e3)} ms")
     return out
+
+
+def format_fair(fair: dict[str, Any]) -> str:
+    """The comparison with the peers by the fair protocol (`bench.fair`, `bench.side_by_side`):
+    each system's median and range, its setting, each ratio's median and range, the token check."""
+    rounds = len(fair["rounds"])
+    searched = fair.get("search_rounds") and any(v["tried"] for v in fair["settings"].values())
+    out = [f"fair comparison with the peers: each system in its own process, {rounds} alternating round"
+           f"{'s' if rounds > 1 else ''}, at " + ("the best of its settings (searched)" if searched else
+                                                  "its library's own settings (not searched here)")]
+    for name, v in fair["summary"]["contenders"].items():
+        out.append(f"  {MODE_TITLES.get(name, name):30} median {_f(v['median'], '.0f')} tok/s, range "
+                   f"{_f(v['min'], '.0f')}-{_f(v['max'], '.0f')} ({fair['settings'][name]['best']['label']})")
+    for pair, r in fair["summary"]["ratios"].items():
+        if r["n"]:
+            out.append(f"  {pair}: median {r['median']:.2f}x, range {r['min']:.2f}-{r['max']:.2f}x")
+    out.append("  every process's tokens identical to the reference: " + ("yes" if fair["all_tokens_identical"] else "NO"))
+    return "\n".join(out)
 
 
 def _limits_lines(lim: dict[str, Any], modes: dict[str, Any]) -> list[str]:

@@ -1,9 +1,10 @@
 """`python -m inflight.bench.serve_cost`: what the server costs over the engine alone, in one run.
 
 The same requests (greedy, fixed output lengths) go, round after round, to the offline engine
-(`LLMEngine.generate` in this process) and over HTTP with streaming to `python -m inflight.serve`
-in its own process — once with the engine loop on its own thread (the default) and once as an
-asyncio task on the event loop (`--engine-loop task`):
+(`LLMEngine.generate`, in a fresh process of its own each round: `inflight.bench.fair`) and over HTTP
+with streaming to `python -m inflight.serve` in its own process — once with the engine loop on its
+own thread (the default) and once as an asyncio task on the event loop (`--engine-loop task`); the
+three take turns, the order rotating from round to round, and the report gives medians and ranges:
 
 - saturation: every request at once; output tokens per second, the server's over the engine's;
 - low load: one request at a time; median TTFT as the client sees it against the engine's own
@@ -20,6 +21,8 @@ Both sides use the same engine settings and `inflight.threads`' thread policy; t
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -30,7 +33,7 @@ import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
 from inflight.bench.serve import random_requests, run_benchmark
 from inflight.bench.serve_process import run_record, save_result, start_inflight
 
-__all__ = ["main", "offline_throughput", "offline_ttfts"]
+__all__ = ["main", "offline_throughput", "offline_ttfts", "offline_measure", "turn_order"]
 
 
 def _engine(model: Any, tok: Any, max_num_seqs: int):
@@ -59,18 +62,63 @@ def offline_ttfts(model: Any, tok: Any, reqs: list, max_num_seqs: int) -> list[f
                             use_tqdm=False)[0].ttft for r in reqs]
 
 
-def _round(model, tok, servers: dict, sat: list, low: list, args) -> dict:
-    row: dict[str, Any] = {"offline_tok_s": offline_throughput(model, tok, sat, args.max_num_seqs),
-                           "offline_ttft_ms": 1e3 * statistics.median(offline_ttfts(model, tok, low, args.max_num_seqs))}
-    for mode, srv in servers.items():
-        r = run_benchmark(srv.base_url, sat, disable_tqdm=True)
+def offline_measure(model: Any, tok: Any, sat: list, low: list, max_num_seqs: int) -> dict[str, float]:
+    """The offline engine's two figures, after a warm-up (kernels built, caches warm): tokens/s with
+    every request at once, median TTFT one at a time (ms)."""
+    offline_throughput(model, tok, sat[:4], max_num_seqs)
+    offline_ttfts(model, tok, low[:1], max_num_seqs)
+    return {"value": offline_throughput(model, tok, sat, max_num_seqs),
+            "ttft_ms": 1e3 * statistics.median(offline_ttfts(model, tok, low, max_num_seqs))}
+
+
+def _offline_command(args) -> tuple[str, ...]:
+    """This program with --offline and the same workload: one offline measurement in a fresh process."""
+    cmd = ["{python}", "-m", "inflight.bench.serve_cost", "--offline", "--num-prompts", str(args.num_prompts),
+           "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--max-num-seqs",
+           str(args.max_num_seqs), "--low-load-prompts", str(args.low_load_prompts)]
+    return tuple(cmd + (["--quick"] if args.quick else []) + (["--model-size", args.model_size] if args.model_size else []))
+
+
+def turn_order(names: list[str], turn: int) -> list[str]:
+    """`names` rotated by `turn`: round after round each runs first in turn."""
+    return names[turn % len(names):] + names[:turn % len(names)]
+
+
+def _round(offline: Any, servers: dict, sat: list, low: list, turn: int) -> dict:
+    """One round: the offline engine (a fresh process, `inflight.bench.fair`) and each server, in the
+    order `turn_order` gives, so that none always runs right after the same one."""
+    from inflight.bench import fair
+
+    row: dict[str, Any] = {}
+    for name in turn_order(["offline", *servers], turn):
+        if name == "offline":
+            res = fair.run_process(offline, offline.settings[0])
+            row["offline_tok_s"], row["offline_ttft_ms"] = res["value"], res["ttft_ms"]
+            continue
+        r = run_benchmark(servers[name].base_url, sat, disable_tqdm=True)
         assert r["completed"] == len(sat), r["errors"][:3]
-        lo = run_benchmark(srv.base_url, low, max_concurrency=1, disable_tqdm=True)
-        row[f"{mode}_tok_s"] = r["output_throughput"]
-        row[f"{mode}_ttft_ms"] = lo["median_ttft_ms"]
-        row[f"{mode}_over_offline"] = r["output_throughput"] / row["offline_tok_s"]
-        row[f"{mode}_ttft_extra_ms"] = lo["median_ttft_ms"] - row["offline_ttft_ms"]
+        lo = run_benchmark(servers[name].base_url, low, max_concurrency=1, disable_tqdm=True)
+        row[f"{name}_tok_s"], row[f"{name}_ttft_ms"] = r["output_throughput"], lo["median_ttft_ms"]
+    for mode in servers:
+        row[f"{mode}_over_offline"] = row[f"{mode}_tok_s"] / row["offline_tok_s"]
+        row[f"{mode}_ttft_extra_ms"] = row[f"{mode}_ttft_ms"] - row["offline_ttft_ms"]
     return row
+
+
+def _rounds(offline: Any, servers: dict, sat: list, low: list, rounds: int) -> tuple[list[dict], Any]:
+    """Warm the servers up (the offline process warms itself), then `rounds` rounds; the rows and the
+    load watched over them."""
+    from inflight.threads import LoadWatch
+
+    for srv in servers.values():  # kernels built, caches warm
+        run_benchmark(srv.base_url, sat[:4], disable_tqdm=True)
+        run_benchmark(srv.base_url, low[:1], max_concurrency=1, disable_tqdm=True)
+    rows = []
+    with LoadWatch() as watch:
+        for i in range(rounds):
+            rows.append(_round(offline, servers, sat, low, i))
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items()), flush=True)
+    return rows, watch
 
 
 def _random_model(size: str):
@@ -104,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="a random-weight Llama this wide and deep instead of the tiny model, e.g. 1024,16")
     p.add_argument("--output", type=Path, default=None, help="save the results JSON here")
     p.add_argument("--quick", action="store_true", help="a smoke run: 8 short requests, one round")
+    p.add_argument("--offline", action="store_true",
+                   help="only the offline engine, here, its figures written to $INFLIGHT_RESULT (each round starts one)")
     args = p.parse_args(argv)
     if args.quick:
         args.num_prompts, args.output_len, args.low_load_prompts, args.rounds = 8, 8, 2, 1
     from inflight import load_tiny
-    from inflight.threads import LoadWatch, configure_threads
+    from inflight.threads import configure_threads
 
     threads = configure_threads()
     flags = ["--max-num-seqs", str(args.max_num_seqs), *args.server_args.split()]
@@ -119,14 +169,17 @@ def main(argv: list[str] | None = None) -> int:
         model, tok = load_tiny()
     sat = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0)
     low = random_requests(args.low_load_prompts, args.input_len, 32 if not args.quick else 4, seed=1)
+    if args.offline:
+        from inflight.bench.fair import RESULT_VAR
+
+        Path(os.environ[RESULT_VAR]).write_text(json.dumps(offline_measure(model, tok, sat, low, args.max_num_seqs)))
+        return 0
+    from inflight.bench import fair
+
+    offline = fair.Contender("offline engine", _offline_command(args))
     servers = {"thread": start_inflight(flags), "task": start_inflight(flags + ["--engine-loop", "task"])}
-    rows = []
     try:
-        _round(model, tok, servers, sat[:4], low[:1], args)  # warm-up: kernels built, caches warm
-        with LoadWatch() as watch:
-            for i in range(args.rounds):
-                rows.append(_round(model, tok, servers, sat, low, args))
-                print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items()), flush=True)
+        rows, watch = _rounds(offline, servers, sat, low, args.rounds)
     finally:
         for s in servers.values():
             s.stop()
@@ -135,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {**run_record("inflight.bench.serve_cost", argv, watch), "threads": threads.threads,
               "settings": vars(args) | {"output": str(args.output)},
               "model": {"name": getattr(model, "name_or_path", "tiny"), "parameters": sum(p.numel() for p in model.parameters())},
+              "offline_command": " ".join(offline.command).replace("{python}", "python"),
+              "orders": [turn_order(["offline", *servers], i) for i in range(args.rounds)],
               "rounds": rows, "summary": summary}
     for mode in servers:
         print(f"{mode} loop: {summary[f'{mode}_over_offline']['median']:.1%} of the offline engine's tokens/s "

@@ -140,12 +140,13 @@ def run_benchmark(cfg: BenchConfig, model: Any = None, progress: bool = True, lo
             results["workloads"]["online"] = _online(cfg, lt, results["workloads"].get(lt.name, {}).get("modes", {}),
                                                     run_one)
     lt_modes = results["workloads"].get(lt.name, {}).get("modes", {})
+    results["fair"] = _fair_section(cfg, bm.model, lt, refs.get(lt.name), results, log)
     results["device_limits"] = lim = _limits(bm.model, lt, lt_modes, cfg.quick)
     for m, v in lt_modes.items():  # how close each mode came to its roof
         roof = lim.get("per_mode", {}).get(m, {}).get("roof_tokens_per_s")
         if roof and v.get("tokens_per_s"):
             v["fraction_of_roof"] = v["tokens_per_s"] / roof
-    results["time_floor"] = _floor_section(bm.model, lt_modes, lim, cfg)
+    results["time_floor"] = _floor_section(bm.model, lt_modes, lim, cfg, results["fair"])
     results["attention_bench"] = _attention_section(cfg.quick) if cfg.attention_bench else {"status": "skipped"}
     results["prefix_caching"] = _prefix_section(cfg.quick, bm.model) if cfg.prefix_bench else {"status": "skipped"}
     results["decode_step"] = (_section(decode_step_times, decode_step_report, model=bm.model, steps=10 if cfg.quick else 50)
@@ -239,10 +240,12 @@ def _limits(model: Any, lt: Workload, lt_modes: dict[str, Any], quick: bool) -> 
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cfg: BenchConfig,
+                   fair_res: dict[str, Any]) -> dict[str, Any]:
     """The paged run against the lower bounds of its own work (`bench.floor`): where its time went,
-    the fastest the workload allows here, the largest ratio over each peer that allows, and the
-    linear layers alone at the benchmark's batch size (the ceiling of the roof target)."""
+    the fastest the workload allows here, the largest ratio over each peer that allows (a peer at its
+    best: its median in the fair comparison, when there is one), and the linear layers alone at the
+    benchmark's batch size (the ceiling of the roof target)."""
     paged = lt_modes.get("paged") or {}
     if paged.get("status") != "ok" or not paged.get("work_per_step") or "memory_bytes_per_s" not in lim:
         return {"status": "skipped", "reason": "needs an ok paged run on long_tailed and the device limits"}
@@ -253,10 +256,44 @@ def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cf
     except Exception as exc:
         return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
     peers = {m: (lt_modes.get(m) or {}).get("tokens_per_s") for m in ("hf_static", "hf_continuous", "static")}
+    if fair_res.get("status") == "ok":
+        peers.update({m: fair_res["summary"]["contenders"][m]["median"] for m in ("hf_static", "hf_continuous")})
     floor["ratio_bounds"] = ratio_bounds(floor, peers)
     floor["linear_layers_at_batch"] = {"batch": cfg.batch_size, "tokens_per_s": at_batch,
                                        "fraction_of_compute_roof": at_batch / lim["compute_roof_tokens_per_s"]}
     return {"status": "ok", **floor}
+
+
+def _fair_section(cfg: BenchConfig, model: Any, lt: Workload, reference: dict[str, list[int]] | None,
+                  results: dict[str, Any], log: Log) -> dict[str, Any]:
+    """The paged engine against the transformers peers by the fair protocol (`bench.side_by_side`:
+    each in its own process at its best setting, alternating), on the long-tailed workload, every
+    process checked against this run's sequential tokens -- whichever modes the table ran: the table
+    runs every mode in this one process, with this process's settings, which is no comparison
+    between systems."""
+    import tempfile
+
+    from inflight.bench import fair, side_by_side
+    from inflight.bench.models import save_model
+
+    why = ("fair_rounds is 0" if not cfg.fair_rounds else
+           "needs the long-tailed workload" if "long_tailed" not in cfg.workloads else
+           "needs exact tokens (float32)" if reference is None else None)
+    if why:
+        return {"status": "skipped", "reason": why}
+    with tempfile.TemporaryDirectory(prefix="inflight-fair-") as tmp:
+        path = cfg.fair_reference or str(Path(tmp) / "reference_tokens.json")
+        ref = fair.TokenReference.save(path, reference, "this benchmark's sequential run (python -m inflight.bench)")
+        # the contenders load this very model (whatever it is: a checkpoint, the tiny one, a notebook's)
+        shape = dict(prompt_range=cfg.prompt_range, output_mean=cfg.output_mean, output_cap=cfg.output_cap,
+                     seed=cfg.seed, weights=save_model(model, str(Path(tmp) / "model.pt")), device=str(model.device))
+        try:
+            return side_by_side.run(len(lt.requests), cfg.fair_rounds, cfg.fair_search_rounds,
+                                    min(cfg.fair_search_n, len(lt.requests)), False, path, batch_size=cfg.batch_size,
+                                    log=lambda s: log(f"  fair: {s}"), ref=ref,
+                                    ideal=results["workloads"][lt.name]["ideal"]["work_bound_speedup"], **shape)
+        except Exception as exc:
+            return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _header(cfg: BenchConfig, bm: BenchModel, setup: BenchSetup) -> dict[str, Any]:

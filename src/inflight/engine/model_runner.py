@@ -21,7 +21,8 @@ from inflight.engine.sequence import Sequence
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache, default_kv_budget_bytes, kv_bytes_per_token
 from inflight.model.sampler import Sampler
-from inflight.threads import ThreadGovernor, adaptive_threads_wanted
+from inflight.engine.thread_governor import ThreadGovernor
+from inflight.threads import adaptive_threads_wanted
 
 __all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "default_num_blocks", "default_swap_blocks",
            "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]

@@ -142,14 +142,14 @@ def build(source: Path, flag_sets: Sequence[Sequence[str]], symbols: Sequence[st
 
 
 def build_kernel(source: Path, flags: Sequence[str], symbols: Sequence[str],
-                 declare: Callable[[ctypes.CDLL], None]) -> tuple[ctypes.CDLL | None, str | None]:
-    """What every C file of the package goes through: nothing when `turned_off()`, else `build` with
-    OpenMP threads where the compiler has them (without, where it hasn't), and `declare(lib)` to give
-    the functions their argument types. (library, None), or (None, why not)."""
+                 declare: Callable[[ctypes.CDLL], None], openmp: bool = True) -> tuple[ctypes.CDLL | None, str | None]:
+    """What every C file of the package goes through: nothing when `turned_off()`, else `build` (with
+    OpenMP where the compiler has it, if `openmp`; without, where it hasn't), and `declare(lib)` to
+    give the functions their argument types. (library, None), or (None, why not)."""
     off = turned_off()
     if off:
         return None, off
-    lib, err = build(source, [list(flags) + ["-fopenmp"], list(flags)], symbols)
+    lib, err = build(source, ([list(flags) + ["-fopenmp"]] if openmp else []) + [list(flags)], symbols)
     if lib is not None:
         declare(lib)
     return lib, err
@@ -160,15 +160,16 @@ class LazyLibrary:
     `build_kernel`), then kept: `load()` gives the library or None, `build_error()` why not."""
 
     def __init__(self, source: Path, flags: Sequence[str], symbols: Sequence[str],
-                 declare: Callable[[ctypes.CDLL], None]):
+                 declare: Callable[[ctypes.CDLL], None], openmp: bool = True):
         self.source, self.flags, self.symbols, self.declare = source, list(flags), tuple(symbols), declare
+        self.openmp = openmp
         self.tried = False
         self.lib: ctypes.CDLL | None = None
         self.error: str | None = None
 
     def load(self) -> ctypes.CDLL | None:
         if not self.tried:
-            self.lib, self.error = build_kernel(self.source, self.flags, self.symbols, self.declare)
+            self.lib, self.error = build_kernel(self.source, self.flags, self.symbols, self.declare, self.openmp)
             self.tried = True
         return self.lib
 
@@ -178,7 +179,7 @@ class LazyLibrary:
 
     def fresh(self) -> "LazyLibrary":
         """The same file, not yet loaded: the next `load()` looks again (tests swap it in)."""
-        return LazyLibrary(self.source, self.flags, self.symbols, self.declare)
+        return LazyLibrary(self.source, self.flags, self.symbols, self.declare, self.openmp)
 
 
 def profiled_call(name: str, fn, *args):

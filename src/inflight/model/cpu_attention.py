@@ -6,8 +6,8 @@ tensors built for it. `csrc/paged_decode.c` is the same algorithm in one loop ne
 per sequence (or per (sequence, kv head) when the batch is small) that reads each key and value row
 once, straight from its block, for every query head sharing it — the CPU counterpart of the Triton kernel the GPU runs.
 
-It is built with the machine's C compiler (`$CC` or `cc`; `-O3 -march=native`, OpenMP when the
-compiler has it) once per machine into a cache folder, and checked before use (`c_build`). Where
+It is built with the machine's C compiler (`$CC` or `cc`; `-O3 -march=native`) once per machine into
+a cache folder, runs its work items on the package's thread pool (`thread_pool`), and checked before use (`c_build`). Where
 there is no compiler, or the build fails, `load()` returns None with the reason in `build_error()`,
 and attention stays on the reference. `INFLIGHT_CPU_KERNEL=0` turns it off. Float32 only: it is the
 exactness path (half precision on a CPU stays on the reference).
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from inflight.model import c_build
+from inflight.model import c_build, thread_pool
 
-__all__ = ["load", "build_error", "uses_openmp", "paged_decode_attention_cpu", "supports"]
+__all__ = ["load", "build_error", "parallel_backend", "paged_decode_attention_cpu", "supports"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
-SYMBOLS = ("inflight_paged_decode_f32", "inflight_paged_decode_openmp")
+SYMBOLS = ("inflight_paged_decode_f32", "inflight_use_pool", "inflight_parallel_backend")
 PROFILER_NAME = "inflight::paged_attention_c"  # how the kernel's calls appear in a torch.profiler table
 INT32_MAX = 2**31 - 1
 
@@ -35,10 +35,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.inflight_paged_decode_f32.argtypes = [p, p, p, i64, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
                                               p, i64, i32, p]
     lib.inflight_paged_decode_f32.restype = i32
-    lib.inflight_paged_decode_openmp.restype = i32
+    _state["threads"] = thread_pool.attach(lib)
 
 
 _library = c_build.LazyLibrary(SOURCE, FLAGS, SYMBOLS, _declare)
+_state: dict[str, str] = {}  # "threads": what the loaded kernel's work runs on (thread_pool.BACKENDS)
 
 
 def load() -> ctypes.CDLL | None:
@@ -46,11 +47,10 @@ def load() -> ctypes.CDLL | None:
     return _library.load()
 
 
-def uses_openmp() -> bool | None:
-    """Whether the loaded kernel spreads its work over OpenMP threads (None if it isn't loaded): a
-    compiler without OpenMP gives a single-threaded build."""
-    lib = load()
-    return None if lib is None else bool(lib.inflight_paged_decode_openmp())
+def parallel_backend() -> str | None:
+    """What the loaded kernel spreads its work over (None if it isn't loaded): "inflight thread
+    pool", "OpenMP" (`INFLIGHT_THREAD_POOL=0`, or no pool) or "one thread" (a compiler without OpenMP)."""
+    return _state.get("threads") if load() is not None else None
 
 
 def build_error() -> str | None:
@@ -98,7 +98,7 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     tables = block_tables.to(device="cpu", dtype=torch.int32).contiguous()
     lens = context_lens.to(device="cpu", dtype=torch.int32).contiguous()
     out = torch.empty_like(q)
-    threads = max(1, torch.get_num_threads())
+    threads = max(1, thread_pool.threads())
     # one work item's scores and sums of weights: up to H heads x (its context + 1) (no longer than its
     # block table covers; the kernel refuses a longer context before reading anything)
     longest = min(int(lens.max()), tables.shape[1] * block_size) if n else 1

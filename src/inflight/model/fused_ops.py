@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inflight.model import c_build
+from inflight.model import c_build, thread_pool
 from inflight.model.attention import write_kv
 
 __all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "split_and_rotate", "load", "build_error",
@@ -32,18 +32,20 @@ __all__ = ["rms_norm", "silu_and_mul", "rotary_and_cache", "apply_rotary", "spli
 
 SOURCE = Path(__file__).with_name("csrc") / "layer_ops.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]
-SYMBOLS = ("inflight_rms_norm_f32", "inflight_silu_and_mul_f32", "inflight_rotary_and_cache_f32")
+SYMBOLS = ("inflight_rms_norm_f32", "inflight_silu_and_mul_f32", "inflight_rotary_and_cache_f32", "inflight_use_pool",
+           "inflight_parallel_backend")
 _state: dict = {}  # "off": how many `reference_only()` blocks are open
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.inflight_rms_norm_f32.argtypes = [p, p, p, i64, i64, ctypes.c_float, p]
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.inflight_rms_norm_f32.argtypes = [p, p, p, i64, i64, ctypes.c_float, p, i32]
     lib.inflight_rms_norm_f32.restype = None
-    lib.inflight_silu_and_mul_f32.argtypes = [p, i64, i64, p]
+    lib.inflight_silu_and_mul_f32.argtypes = [p, i64, i64, p, i32]
     lib.inflight_silu_and_mul_f32.restype = None
-    lib.inflight_rotary_and_cache_f32.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, p]
+    lib.inflight_rotary_and_cache_f32.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, p, i32]
     lib.inflight_rotary_and_cache_f32.restype = ctypes.c_int
+    thread_pool.attach(lib)
 
 
 _library = c_build.LazyLibrary(SOURCE, FLAGS, SYMBOLS, _declare)
@@ -149,7 +151,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         return rms_norm_reference(x, weight, eps, residual)
     out = torch.empty_like(x)
     args = (x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-            x.numel() // max(1, x.shape[-1]), x.shape[-1], eps, out.data_ptr())
+            x.numel() // max(1, x.shape[-1]), x.shape[-1], eps, out.data_ptr(), thread_pool.threads())
     _call("rms_norm", _library.lib.inflight_rms_norm_f32, *args)
     return out if residual is None else (out, residual)
 
@@ -160,7 +162,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul_reference(x)
     inter = x.shape[-1] // 2
     out = x.new_empty(*x.shape[:-1], inter)
-    args = (x.data_ptr(), x.numel() // max(1, x.shape[-1]), inter, out.data_ptr())
+    args = (x.data_ptr(), x.numel() // max(1, x.shape[-1]), inter, out.data_ptr(), thread_pool.threads())
     _call("silu_and_mul", _library.lib.inflight_silu_and_mul_f32, *args)
     return out
 
@@ -179,7 +181,7 @@ def rotary_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
         return rotary_and_cache_reference(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)
     slots = k_cache.shape[0] * k_cache.shape[1]
     args = (qkv.data_ptr(), T, num_heads, num_kv_heads, D, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-            v_cache.data_ptr(), slots, slot_mapping.data_ptr())
+            v_cache.data_ptr(), slots, slot_mapping.data_ptr(), thread_pool.threads())
     rc = _call("rotary_and_cache", _library.lib.inflight_rotary_and_cache_f32, *args)
     if rc != 0:  # checked before anything was written
         raise IndexError(f"token {-1 - rc}: slot {int(slot_mapping[-1 - rc])} is outside the cache ({slots} slots)")

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inflight.model import c_build, fused_ops
+from inflight.model import c_build, fused_ops, thread_pool
 
 __all__ = ["linear", "kernel_linear", "load", "build_error", "MAX_ROWS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
-SYMBOLS = ("inflight_skinny_gemm_f32",)
+SYMBOLS = ("inflight_skinny_gemm_f32", "inflight_use_pool", "inflight_parallel_backend")
 PROFILER_NAME = "inflight::skinny_gemm_c"
 #: the most rows the kernel takes. `python -m inflight.bench.cpu_kernel` times all of the tiny
 #: model's linear layers for one step, the weights out of cache as in a serving step; on the book's
@@ -37,6 +37,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.inflight_skinny_gemm_f32.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
     lib.inflight_skinny_gemm_f32.restype = None
+    thread_pool.attach(lib)
 
 
 _library = c_build.LazyLibrary(SOURCE, FLAGS, SYMBOLS, _declare)
@@ -83,6 +84,6 @@ def _run(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     (M, K), N = x.shape, weight.shape[0]
     out = x.new_empty(M, N)
     args = (x.data_ptr(), M, K, weight.data_ptr(), N, None if bias is None else bias.data_ptr(), out.data_ptr(),
-            torch.get_num_threads())
+            thread_pool.threads())
     c_build.profiled_call(PROFILER_NAME, lib.inflight_skinny_gemm_f32, *args)
     return out

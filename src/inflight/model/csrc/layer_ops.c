@@ -19,9 +19,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "vec8.h"
 
-/* rows this large or larger are shared out over OpenMP threads; below, waking threads costs more */
+/* rows this large or larger are shared out over the threads (parallel.h); below, waking threads costs more */
 #define PARALLEL_FLOATS 65536
 
 /* A row's last n % 8 floats go through the same vector code (vec8.h) in a zero-padded register, so
@@ -54,34 +55,52 @@ static inline v8 silu_mul8(v8 g, v8 u) { return g / (splat(1.f) + exp8(-g)) * u;
 /* RMSNorm of `rows` rows of `dim`: out = weight * (h * (1 / sqrt(mean(h^2) + eps))), where h is x,
  * or, with a residual, residual + x -- which is also stored back into residual (the running sum of
  * the residual stream that the next layer adds to). */
-void inflight_rms_norm_f32(const float *x, float *residual, const float *weight, int64_t rows, int64_t dim,
-                           float eps, float *out) {
-#ifdef _OPENMP
-#pragma omp parallel for if (rows * dim >= PARALLEL_FLOATS) schedule(static)
-#endif
-    for (int64_t r = 0; r < rows; r++) {
-        const float *h = x + r * dim;
-        if (residual) {
-            float *res = residual + r * dim;
+struct norm_args {
+    const float *x, *weight;
+    float *residual, *out;
+    int64_t dim;
+    float eps;
+};
+
+static void norm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const struct norm_args *a = ctx;
+    int64_t dim = a->dim;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *h = a->x + r * dim;
+        if (a->residual) {
+            float *res = a->residual + r * dim;
             for (int64_t i = 0; i < dim; i++) res[i] = res[i] + h[i];
             h = res;
         }
         float mean = (float)(sum_squares(h, dim) / (double)dim);
-        float inv = 1.0f / sqrtf(mean + eps);
-        float *o = out + r * dim;
-        for (int64_t i = 0; i < dim; i++) o[i] = weight[i] * (h[i] * inv);
+        float inv = 1.0f / sqrtf(mean + a->eps);
+        float *o = a->out + r * dim;
+        for (int64_t i = 0; i < dim; i++) o[i] = a->weight[i] * (h[i] * inv);
     }
+}
+
+void inflight_rms_norm_f32(const float *x, float *residual, const float *weight, int64_t rows, int64_t dim,
+                           float eps, float *out, int threads) {
+    struct norm_args a = {x, weight, residual, out, dim, eps};
+    parallel_for(rows, rows * dim >= PARALLEL_FLOATS ? threads : 1, 0, norm_rows, &a);
 }
 
 /* SwiGLU's middle: x [rows, 2 * inter] holds gate | up; out [rows, inter] = silu(gate) * up, with
  * silu(g) = g / (1 + exp(-g)). */
-void inflight_silu_and_mul_f32(const float *x, int64_t rows, int64_t inter, float *out) {
-#ifdef _OPENMP
-#pragma omp parallel for if (rows * inter >= PARALLEL_FLOATS) schedule(static)
-#endif
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = x + r * 2 * inter, *up = gate + inter;
-        float *o = out + r * inter;
+struct silu_args {
+    const float *x;
+    int64_t inter;
+    float *out;
+};
+
+static void silu_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const struct silu_args *a = ctx;
+    int64_t inter = a->inter;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *gate = a->x + r * 2 * inter, *up = gate + inter;
+        float *o = a->out + r * inter;
         int64_t i = 0;
         for (; i + 8 <= inter; i += 8) store8(o + i, silu_mul8(load8(gate + i), load8(up + i)));
         if (i < inter) {
@@ -89,6 +108,11 @@ void inflight_silu_and_mul_f32(const float *x, int64_t rows, int64_t inter, floa
             memcpy(o + i, &y, (size_t)(inter - i) * sizeof(float));
         }
     }
+}
+
+void inflight_silu_and_mul_f32(const float *x, int64_t rows, int64_t inter, float *out, int threads) {
+    struct silu_args a = {x, inter, out};
+    parallel_for(rows, rows * inter >= PARALLEL_FLOATS ? threads : 1, 0, silu_rows, &a);
 }
 
 /* One token's rotary embedding, in place on `heads` rows of D floats (Hugging Face's rotate-half
@@ -108,20 +132,32 @@ static inline void rotate(float *x, int64_t heads, int64_t D, const float *cos, 
  * rotate q and k in place with cos/sin [T, D], then copy each token's k and v rows into slot
  * slot_mapping[t] of caches [num_slots, KV, D]. Returns 0, or -1 - t when token t's slot lies
  * outside the cache: every slot is checked before anything is written. */
+struct rotary_args {
+    float *qkv;
+    int64_t H, KV, D;
+    const float *cos, *sin;
+    float *k_cache, *v_cache;
+    const int64_t *slot_mapping;
+};
+
+static void rotary_tokens(void *ctx, int64_t t0, int64_t t1, int tid) {
+    const struct rotary_args *a = ctx;
+    int64_t D = a->D, width = (a->H + 2 * a->KV) * D, kv_row = a->KV * D;
+    (void)tid;
+    for (int64_t t = t0; t < t1; t++) {
+        float *row = a->qkv + t * width;
+        rotate(row, a->H + a->KV, D, a->cos + t * D, a->sin + t * D);  /* q and k heads are adjacent */
+        memcpy(a->k_cache + a->slot_mapping[t] * kv_row, row + a->H * D, (size_t)kv_row * sizeof(float));
+        memcpy(a->v_cache + a->slot_mapping[t] * kv_row, row + (a->H + a->KV) * D, (size_t)kv_row * sizeof(float));
+    }
+}
+
 int inflight_rotary_and_cache_f32(float *qkv, int64_t T, int64_t H, int64_t KV, int64_t D, const float *cos,
                                   const float *sin, float *k_cache, float *v_cache, int64_t num_slots,
-                                  const int64_t *slot_mapping) {
+                                  const int64_t *slot_mapping, int threads) {
     for (int64_t t = 0; t < T; t++)
         if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots) return (int)(-1 - t);
-    int64_t width = (H + 2 * KV) * D, kv_row = KV * D;
-#ifdef _OPENMP
-#pragma omp parallel for if (T * width >= PARALLEL_FLOATS) schedule(static)
-#endif
-    for (int64_t t = 0; t < T; t++) {
-        float *row = qkv + t * width;
-        rotate(row, H + KV, D, cos + t * D, sin + t * D);  /* q and k heads are adjacent */
-        memcpy(k_cache + slot_mapping[t] * kv_row, row + H * D, (size_t)kv_row * sizeof(float));
-        memcpy(v_cache + slot_mapping[t] * kv_row, row + (H + KV) * D, (size_t)kv_row * sizeof(float));
-    }
+    struct rotary_args a = {qkv, H, KV, D, cos, sin, k_cache, v_cache, slot_mapping};
+    parallel_for(T, T * (H + 2 * KV) * D >= PARALLEL_FLOATS ? threads : 1, 0, rotary_tokens, &a);
     return 0;
 }

@@ -7,18 +7,15 @@
  * head of it when the batch is too small to share out) reads every key and value row of its context
  * exactly once, straight from its block (slot = block_tables[i][j / block_size] * block_size +
  * j % block_size), for all the query heads that share it (grouped-query attention) -- no index
- * tensors, no intermediate tensors, no per-operator dispatch. Work items are spread over OpenMP
- * threads when the compiler supports it.
+ * tensors, no intermediate tensors, no per-operator dispatch. Work items are spread over the
+ * package's threads (parallel.h).
  *
  * Built on first use by inflight/model/cpu_attention.py (cc -O3 -march=native -shared -fPIC -fopenmp).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
+#include "parallel.h"
 #include "vec8.h"
 
 /* q.k: eight partial sums in one register, added up in a fixed order (the same for every call) */
@@ -146,6 +143,31 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
 #undef FIRST_ROW
 }
 
+struct decode_args {
+    const float *q, *k_cache, *v_cache;
+    const int32_t *block_tables;
+    int64_t max_blocks;
+    const int32_t *context_lens;
+    int64_t num_heads, num_kv_heads, D, block_size;
+    float scale;
+    float *workspace;
+    int64_t workspace_per_thread;
+    float *out;
+    int64_t per_item;  /* kv heads per work item: all of a sequence's, or one */
+};
+
+/* work items [i0, i1): item = sequence * (kv_heads / per_item) + group of kv heads */
+static void decode_items(void *ctx, int64_t i0, int64_t i1, int tid) {
+    const struct decode_args *a = ctx;
+    int64_t groups = a->num_kv_heads / a->per_item, G = a->num_heads / a->num_kv_heads;
+    for (int64_t item = i0; item < i1; item++) {
+        int64_t i = item / groups, g0 = item % groups * a->per_item;
+        attend(a->q + (i * a->num_heads + g0 * G) * a->D, a->k_cache, a->v_cache, a->block_tables + i * a->max_blocks,
+               a->context_lens[i], g0, g0 + a->per_item, G, a->num_kv_heads, a->D, a->block_size, a->scale,
+               a->workspace + tid * a->workspace_per_thread, a->out + (i * a->num_heads + g0 * G) * a->D);
+    }
+}
+
 /* q [n, H, D], caches [num_blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
  * context_lens [n] int32, out [n, H, D]; workspace: threads * H * (max(context_lens) + 1) floats.
  * Returns 0, or -1 (head counts), or -2 - i when sequence i's context length or block table would
@@ -169,28 +191,8 @@ int inflight_paged_decode_f32(const float *q, const float *k_cache, const float 
             if (blk < 0 || blk >= num_blocks) return (int)(-2 - i);
         }
     }
-    int64_t items = n * (num_kv_heads / per_item);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
-#endif
-    for (int64_t item = 0; item < items; item++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        int64_t i = item / (num_kv_heads / per_item), g0 = item % (num_kv_heads / per_item) * per_item;
-        attend(q + (i * num_heads + g0 * G) * D, k_cache, v_cache, block_tables + i * max_blocks, context_lens[i],
-               g0, g0 + per_item, G, num_kv_heads, D, block_size, scale, workspace + tid * workspace_per_thread,
-               out + (i * num_heads + g0 * G) * D);
-    }
+    struct decode_args a = {q, k_cache, v_cache, block_tables, max_blocks, context_lens, num_heads, num_kv_heads, D,
+                            block_size, scale, workspace, workspace_per_thread, out, per_item};
+    parallel_for(n * (num_kv_heads / per_item), threads, 2, decode_items, &a);
     return 0;
-}
-
-/* Which build this is: 1 with OpenMP threads, 0 without. */
-int inflight_paged_decode_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
 }

@@ -12,11 +12,13 @@
  * the output sits in its block and whichever thread computes it. So a row's result never depends on
  * what else is in the batch.
  *
- * Built on first use by inflight/model/skinny_gemm.py (cc -O3 -march=native -shared -fPIC -fopenmp).
+ * Built on first use by inflight/model/skinny_gemm.py (cc -O3 -march=native -shared -fPIC -fopenmp); its
+ * threads are the package's pool (parallel.h).
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "vec8.h"
 
 /* products this large or larger (rows x columns x k) are shared out over the threads: in a serving
@@ -79,17 +81,24 @@ static void columns(const float *x, int64_t M, int64_t K, const float *w, const 
             for (int64_t j = n0; j < n1; j++) out[m * N + j] += bias[j];
 }
 
+struct gemm_args {
+    const float *x, *w, *bias;
+    int64_t M, K, N;
+    float *out;
+};
+
+static void gemm_chunks(void *ctx, int64_t c0, int64_t c1, int tid) {
+    const struct gemm_args *a = ctx;
+    (void)tid;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t n0 = c * CHUNK, n1 = n0 + CHUNK < a->N ? n0 + CHUNK : a->N;
+        columns(a->x, a->M, a->K, a->w, a->bias, n0, n1, a->out, a->N);
+    }
+}
+
 /* x [M, K], w [N, K] (nn.Linear's layout), bias [N] or NULL, out [M, N]; all contiguous */
 void inflight_skinny_gemm_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                               float *out, int threads) {
-    int64_t chunks = (N + CHUNK - 1) / CHUNK;
-    int parallel = threads > 1 && M * N * K >= PARALLEL_MACS;
-    (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
-#endif
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
-        columns(x, M, K, w, bias, n0, n1, out, N);
-    }
+    struct gemm_args a = {x, w, bias, M, K, N, out};
+    parallel_for((N + CHUNK - 1) / CHUNK, M * N * K >= PARALLEL_MACS ? threads : 1, 0, gemm_chunks, &a);
 }
