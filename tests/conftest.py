@@ -26,3 +26,12 @@ def model() -> LlamaModel:
     cfg = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=0)
     return LlamaModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The shipped tiny model and its tokenizer, `(model, tokenizer)`: what the server serves by default.
+    (A module that needs another small model under this name, as test_bench does, defines its own.)"""
+    from inflight import load_tiny
+
+    return load_tiny()

@@ -226,3 +226,12 @@ def read_until(s: socket.socket, marker: bytes, limit: int = 1 << 20) -> bytes:
             break
         data += b
     return data
+
+
+def tiny_engine(tiny, **kw):
+    """An `LLMEngine` over the `tiny` fixture's model: blocks of 16, a pool of 32 unless `kw` says
+    otherwise (small, so that tests reach a full pool and preemption quickly)."""
+    from inflight import LLMEngine
+
+    model, tok = tiny
+    return LLMEngine(model, tokenizer=tok, **{"block_size": 16, "num_blocks": 32, **kw})

@@ -15,24 +15,13 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from serve_helpers import WAIT_S, InProcessServer, parse_response, read_until  # noqa: E402
+from serve_helpers import WAIT_S, InProcessServer, parse_response, read_until, tiny_engine  # noqa: E402
 
 PROMPT = "def add(a, b):"
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from inflight import load_tiny
-
-    return load_tiny()
-
-
 def _engine(tiny, **kw):
-    from inflight import LLMEngine
-
-    model, tok = tiny
-    kw = {"block_size": 16, "num_blocks": 16, "max_batch_size": 4, **kw}
-    return LLMEngine(model, tokenizer=tok, **kw)
+    return tiny_engine(tiny, **{"num_blocks": 16, "max_batch_size": 4, **kw})
 
 
 @pytest.fixture(scope="module")

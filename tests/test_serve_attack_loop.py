@@ -12,23 +12,13 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from serve_helpers import WAIT_S, InProcessServer, dechunk, parse_response, read_all, read_until  # noqa: E402
+from serve_helpers import WAIT_S, InProcessServer, dechunk, parse_response, read_all, read_until, tiny_engine  # noqa: E402
 
 PROMPT = "def add(a, b):"
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from inflight import load_tiny
-
-    return load_tiny()
-
-
 def _engine(tiny, **kw):
-    from inflight import LLMEngine
-
-    model, tok = tiny
-    return LLMEngine(model, tokenizer=tok, **{"block_size": 16, "num_blocks": 32, "max_batch_size": 4, **kw})
+    return tiny_engine(tiny, **{"max_batch_size": 4, **kw})
 
 
 def _samples(text: str) -> dict[str, float]:

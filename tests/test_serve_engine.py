@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.model.tokenizer import ByteTokenizer
+from serve_helpers import tiny_engine
 
 TOK = ByteTokenizer()
 
@@ -92,18 +93,8 @@ def test_collector_merges_while_the_reader_is_away_and_wakes_it_once():
 
 
 # -- AsyncEngine ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny():
-    from inflight import load_tiny
-
-    return load_tiny()
-
-
 def _engine(tiny, **kw):
-    from inflight import LLMEngine
-
-    model, tok = tiny
-    return LLMEngine(model, tokenizer=tok, block_size=16, num_blocks=kw.pop("num_blocks", 32), **kw)
+    return tiny_engine(tiny, **kw)
 
 
 @pytest.mark.parametrize("mode", ["thread", "task"])
