@@ -56,10 +56,11 @@ def test_targets_fail_when_a_variant_is_slow_or_collapses():
 
 
 def test_torch_first_variant_really_loads_torch_first():
-    # the tricky one: `import inflight` would set PASSIVE, so the child must load torch first
+    # the tricky one: `import inflight` would ask for a short spin, so the child must load torch first,
+    # and neither must inherit what this process's own `import inflight` set
     res = busy.matrix(["torch first", "inflight first"], n=2, rounds=1, competitors=1, log=lambda s: None)
     row = res["rounds"][0]
-    assert row["torch first"]["quiet"]["passive_wait"] is False and row["inflight first"]["quiet"]["passive_wait"] is True
+    assert row["torch first"]["quiet"]["idle_wait"] == "spin" and row["inflight first"]["quiet"]["idle_wait"] == "short spin"
     assert row["torch first"]["quiet"]["value"] > 0 and row["torch first"]["busy"]["value"] > 0
 
 

@@ -30,10 +30,11 @@ S1, S2 = fair.Setting("one"), fair.Setting("two")
 
 def test_openmp_settings_cover_every_thread_count_and_policy():
     got = fair.openmp_settings(2)
-    assert len(got) == 6
+    assert len(got) == 8
     envs = [dict(s.env) for s in got]
     assert {e["OMP_NUM_THREADS"] for e in envs} == {"1", "2"}
-    assert {e["OMP_WAIT_POLICY"] for e in envs} == {None, "PASSIVE", "ACTIVE"}
+    assert {(e["OMP_WAIT_POLICY"], e["GOMP_SPINCOUNT"]) for e in envs} == {
+        (None, None), ("PASSIVE", None), ("ACTIVE", None), ("PASSIVE", "10000")}
     # the library's default policy means torch loads before inflight could set one
     assert all(s.torch_first == (dict(s.env)["OMP_WAIT_POLICY"] is None) for s in got)
     assert {dict(s.env)["OMP_NUM_THREADS"] for s in fair.openmp_settings(16)} == {"1", "8", "16"}

@@ -52,8 +52,10 @@ def test_every_item_runs_exactly_once_on_a_thread_of_the_team(n, threads, chunk,
         assert len(seen) == (1 if n else 0)
     elif chunk:
         assert all(e - b <= chunk for b, e, _ in seen)
-    else:  # an even split: at most one range per thread
-        assert len({tid for _, _, tid in seen}) == len(seen)
+    else:  # an even split into one piece per thread, each piece claimed by whoever comes first
+        pieces = min(threads, n)
+        assert sorted((b, e) for b, e, _ in seen) == [(n * p // pieces, n * (p + 1) // pieces) for p in range(pieces)
+                                                       if n * p // pieces < n * (p + 1) // pieces]
 
 
 def test_two_callers_at_once_each_get_all_their_items():
@@ -153,3 +155,21 @@ def test_a_library_attached_with_the_pool_turned_off_stays_on_openmp(monkeypatch
         pytest.skip("needs the C kernels")
     assert thread_pool.BACKENDS[lib.inflight_parallel_backend()] in ("OpenMP", "one thread")
     assert lib not in thread_pool._attached
+
+
+def test_a_late_worker_never_holds_the_caller_back():
+    """Workers that sleep (spin 0) take a futex wake-up and a trip through the scheduler to start; a
+    two-piece job whose pieces take no time is over long before that, because the caller claims the
+    worker's piece too (the count of pieces it took beyond its share says so), and every item still
+    runs exactly once."""
+    old = thread_pool.spin()
+    thread_pool.set_spin(0)
+    try:
+        before = thread_pool.stats()
+        runs = [_pool_for(2, 2, 0) for _ in range(300)]
+        after = thread_pool.stats()
+    finally:
+        thread_pool.set_spin(old)
+    assert all(_covered_once(2, seen) for seen in runs)
+    assert after["pieces"] - before["pieces"] == 600
+    assert after["taken_by_caller"] > before["taken_by_caller"]

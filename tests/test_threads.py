@@ -15,22 +15,34 @@ def _run(code: str, env: dict) -> str:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
 
-def test_import_inflight_first_makes_idle_threads_sleep_and_uses_every_core():
-    out = _run("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import inflight; c = inflight.configure_threads(); "
-               "import torch; print(os.environ['OMP_WAIT_POLICY'], c.passive_wait, c.threads == c.cores == torch.get_num_threads())", {})
-    assert out.split() == ["PASSIVE", "True", "True"]
+_CLEAN = {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}
+
+
+def test_import_inflight_first_asks_for_a_short_spin_and_uses_every_core():
+    out = _run("import os, inflight; c = inflight.configure_threads(); import torch; "
+               "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], c.idle_wait.replace(' ', '_'), "
+               "c.passive_wait, c.threads == c.cores == torch.get_num_threads(), sorted(inflight.threads.set_by_inflight()))",
+               _CLEAN)
+    assert out.split() == ["PASSIVE", "10000", "short_spin", "False", "True", "['GOMP_SPINCOUNT',", "'OMP_WAIT_POLICY']"]
 
 
 def test_torch_loaded_first_still_gets_every_core():
-    out = _run("import os; os.environ.pop('OMP_WAIT_POLICY', None); import torch, inflight; c = inflight.configure_threads(); "
-               "print(c.passive_wait, c.threads == c.cores == torch.get_num_threads(), 'OMP_WAIT_POLICY' in os.environ)", {})
-    assert out.split() == ["False", "True", "False"]  # too late to matter, so not set either
+    out = _run("import os; import torch, inflight; c = inflight.configure_threads(); "
+               "print(c.idle_wait, c.threads == c.cores == torch.get_num_threads(), 'OMP_WAIT_POLICY' in os.environ, "
+               "'GOMP_SPINCOUNT' in os.environ)", _CLEAN)
+    assert out.split() == ["spin", "True", "False", "False"]  # too late to matter, so not set either
 
 
-def test_users_own_policy_is_respected():
-    out = _run("import os, inflight; c = inflight.configure_threads(); print(os.environ['OMP_WAIT_POLICY'], c.passive_wait, "
-               "c.threads == c.cores)", {"OMP_WAIT_POLICY": "ACTIVE"})
-    assert out.split() == ["ACTIVE", "False", "True"]
+@pytest.mark.parametrize("env, idle_wait", [({"OMP_WAIT_POLICY": "ACTIVE"}, "spin"),
+                                            ({"OMP_WAIT_POLICY": "PASSIVE"}, "sleep"),
+                                            ({"GOMP_SPINCOUNT": "0"}, "sleep"),
+                                            ({"GOMP_SPINCOUNT": "20k"}, "short_spin"),
+                                            ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "infinite"}, "spin")])
+def test_users_own_policy_is_respected(env, idle_wait):
+    out = _run("import os, inflight; c = inflight.configure_threads(); print(os.environ.get('OMP_WAIT_POLICY'), "
+               "os.environ.get('GOMP_SPINCOUNT'), c.idle_wait.replace(' ', '_'), c.threads == c.cores, "
+               "inflight.threads.set_by_inflight())", {**_CLEAN, **env})
+    assert out.split() == [env.get("OMP_WAIT_POLICY", "None"), env.get("GOMP_SPINCOUNT", "None"), idle_wait, "True", "{}"]
 
 
 def test_explicit_thread_count_and_bad_values():
@@ -211,11 +223,11 @@ def test_a_quiet_machine_spins_on_torchs_team_if_it_spins_else_on_the_pool(torch
 
 @pytest.mark.parametrize("torch_spins", [False, True])
 @pytest.mark.parametrize("neighbours", [1, 2, 5])
-def test_a_busy_machine_sleeps_on_torchs_team_if_it_sleeps_else_on_the_pool(torch_spins, neighbours):
+def test_a_busy_machine_sleeps_on_the_pool_whatever_torchs_policy(torch_spins, neighbours):
     from inflight.engine.thread_governor import plan_step
 
     p = plan_step(cores=2, neighbours=neighbours, threads=2, torch_spins=torch_spins, quiet_spin_ns=123)
-    assert p.spin_ns == 0 and p.kernels_on_openmp is (not torch_spins)
+    assert p.spin_ns == 0 and not p.kernels_on_openmp  # the pool never waits for a descheduled worker
     assert p.threads == (1 if neighbours == 1 else 2)
     assert p.torch_threads == (1 if torch_spins else p.threads)  # a spinning torch team gets no member to wait for
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from inflight._lazy import lazy_exports
 
-# Before anything loads torch: let idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE unless already
-# set), so that a machine shared with other programs does not make torch's threads spin. Stdlib only.
+# Before anything loads torch: idle OpenMP threads spin briefly, then sleep (OMP_WAIT_POLICY=PASSIVE with
+# GOMP_SPINCOUNT=10000, unless you set either), so that a machine shared with other programs does not
+# make torch's threads spin for milliseconds. Stdlib only.
 from inflight import threads as _threads  # noqa: F401
 
 __version__ = "0.1.0"

@@ -2,17 +2,24 @@
 
 torch runs its CPU operators on a team of OpenMP threads (GNU OpenMP in PyTorch's Linux wheels).
 Between two parallel regions an idle member of the team *spins*, waiting for work, before it goes
-to sleep; at the end of every region all members wait for the slowest. On an idle machine that is
-fast. On a busy one it collapses: when another program holds a core, one of torch's threads is
-descheduled, every parallel region waits at its barrier until it runs again, and meanwhile the
-spinning threads burn the CPU time the descheduled one needs. `OMP_WAIT_POLICY=PASSIVE` makes idle
-threads sleep at once instead, at the price of a wake-up in every region.
+to sleep (for about 3 ms by default); at the end of every region all members wait for the slowest.
+On an idle machine that is fast. On a busy one it collapses: when another program holds a core, one
+of torch's threads is descheduled, every parallel region waits at its barrier until it runs again,
+and meanwhile the spinning threads burn the CPU time the descheduled one needs.
+`OMP_WAIT_POLICY=PASSIVE` makes idle threads sleep at once instead, at the price of a wake-up in
+every region, which costs a quiet machine dearly when a step is many short regions.
 
-OpenMP reads that variable once, when torch's library loads, so it has to be in the environment
-*before* `import torch`: `import inflight` sets it (unless it is already set) when torch is not
-loaded yet. Either way the engine is fast: its C kernels run on a pool of their own whose waiting
-the engine's `ThreadGovernor` (`inflight.engine.thread_governor`) sets before every step from the
-load it reads here, and it keeps torch's own team from spinning beside a busy program.
+So `import inflight` asks for a short spin: PASSIVE, and `GOMP_SPINCOUNT=10000` (GNU OpenMP's own
+count, which takes precedence over the policy: about 0.1 ms of spinning, then sleep). That bridges
+the gaps between one step's operators, and a thread waiting for a descheduled teammate goes to sleep
+before it has burnt much of the core the teammate needs. (Other OpenMP runtimes ignore the count
+and read PASSIVE.) OpenMP reads both once, when torch's library loads, so they have to be in the
+environment *before* `import torch`: `import inflight` sets them when torch is not loaded yet and
+neither `OMP_WAIT_POLICY` nor `GOMP_SPINCOUNT` is set; your own settings are left alone.
+
+Either way the engine is fast: its C kernels can run on a pool of their own whose waiting the
+engine's `ThreadGovernor` (`inflight.engine.thread_governor`) sets before every step from the load
+it reads here, and it keeps torch's own team from spinning beside a busy program.
 `configure_threads()` gives torch every core (or the count you ask for). `machine_load()` says
 whether other programs compete for the cores, so that a measurement taken on a busy machine can be
 flagged as such.
@@ -25,9 +32,17 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "other_runnable",
-           "passive_wait_in_effect", "usable_cores", "adaptive_threads_wanted", "BUSY_RUNNABLE"]
+           "passive_wait_in_effect", "openmp_idle_wait", "set_by_inflight", "usable_cores", "adaptive_threads_wanted",
+           "BUSY_RUNNABLE", "SHORT_SPIN"]
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
+SPIN_VAR = "GOMP_SPINCOUNT"
+#: the spin count `import inflight` asks GNU OpenMP for: libgomp reckons about 100,000 spins a
+#: millisecond, so about 0.1 ms -- longer than the Python between one step's operators (tens of
+#: microseconds), far shorter than the default's 3 ms
+SHORT_SPIN = "10000"
+#: spin counts up to this (about a millisecond) count as a short spin
+_SHORT_SPIN_MAX = 100_000
 ADAPT_VAR = "INFLIGHT_ADAPT_THREADS"  # "0": engines keep the thread count they were given
 #: a machine is "busy" when, on average, at least this many other threads were runnable (or other
 #: programs kept this many cores busy during a run)
@@ -35,17 +50,55 @@ BUSY_RUNNABLE = 0.5
 
 # Recorded once, when `import inflight` runs this module: what OpenMP will see when torch loads.
 _POLICY_BEFORE_INFLIGHT = os.environ.get(WAIT_POLICY_VAR)
+_SPIN_BEFORE_INFLIGHT = os.environ.get(SPIN_VAR)
 _TORCH_LOADED_BEFORE_INFLIGHT = "torch" in sys.modules
-if not _TORCH_LOADED_BEFORE_INFLIGHT:
-    os.environ.setdefault(WAIT_POLICY_VAR, "PASSIVE")
+_SET_HERE: dict[str, str] = {}  # what this module put in the environment
+if not _TORCH_LOADED_BEFORE_INFLIGHT and _POLICY_BEFORE_INFLIGHT is None and _SPIN_BEFORE_INFLIGHT is None:
+    _SET_HERE = {WAIT_POLICY_VAR: "PASSIVE", SPIN_VAR: SHORT_SPIN}
+    os.environ.update(_SET_HERE)
+
+
+def set_by_inflight() -> dict[str, str]:
+    """The variables `import inflight` put in this process's environment (and so in its children's,
+    unless they are taken out again: `inflight.bench.fair` does, so that a peer runs as it would
+    without us)."""
+    return dict(_SET_HERE)
+
+
+def _spin_count(text: str | None) -> float | None:
+    """GNU OpenMP's GOMP_SPINCOUNT: a count with an optional k/M/G/T, or "infinite"; None if unset or
+    unreadable (libgomp then ignores it too)."""
+    if text is None:
+        return None
+    t = text.strip().lower()
+    if t in ("infinite", "infinity"):
+        return float("inf")
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}.get(t[-1:], 1)
+    try:
+        return float(t[:-1] if scale != 1 else t) * scale
+    except ValueError:
+        return None
+
+
+def openmp_idle_wait() -> str:
+    """How torch's idle OpenMP threads wait for work, from the environment torch loaded with:
+    "sleep" (PASSIVE, or a spin count of 0), "short spin" (a spin count up to about a millisecond:
+    what `import inflight` asks for) or "spin" (the library's default, ACTIVE, or a long count)."""
+    # what inflight set, else the environment as inflight found it (when torch came first, assumed to
+    # be what torch loaded with)
+    policy = _SET_HERE.get(WAIT_POLICY_VAR, _POLICY_BEFORE_INFLIGHT) or ""
+    spins = _spin_count(_SET_HERE.get(SPIN_VAR, _SPIN_BEFORE_INFLIGHT))
+    if spins is None:  # no count: the policy decides (GNU OpenMP: 0 spins for PASSIVE, 3 ms otherwise)
+        return "sleep" if policy.strip().upper() == "PASSIVE" else "spin"
+    if spins == 0:
+        return "sleep"
+    return "short spin" if spins <= _SHORT_SPIN_MAX else "spin"
 
 
 def passive_wait_in_effect() -> bool:
-    """Whether torch's OpenMP threads sleep when idle: PASSIVE was set before torch loaded (by you in
-    the environment, or by `import inflight` before `import torch`)."""
-    if _POLICY_BEFORE_INFLIGHT is not None:  # set before inflight ran: assume before torch loaded, too
-        return _POLICY_BEFORE_INFLIGHT.strip().upper() == "PASSIVE"
-    return not _TORCH_LOADED_BEFORE_INFLIGHT
+    """Whether torch's OpenMP threads sleep at once when idle (PASSIVE without a spin count, set by
+    you before torch loaded)."""
+    return openmp_idle_wait() == "sleep"
 
 
 def usable_cores() -> int:
@@ -64,6 +117,7 @@ class ThreadConfig:
     cores: int
     passive_wait: bool
     reason: str
+    idle_wait: str = "spin"  # `openmp_idle_wait()`: "sleep", "short spin" or "spin"
 
 
 def configure_threads(threads: int | None = None) -> ThreadConfig:
@@ -75,16 +129,17 @@ def configure_threads(threads: int | None = None) -> ThreadConfig:
     import torch
 
     cores = usable_cores()
-    passive = passive_wait_in_effect()
+    wait = openmp_idle_wait()
+    passive = wait == "sleep"
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
         reason = "asked for"
     else:
         threads, reason = cores, ("every core: the engine's ThreadGovernor fits each step to the machine (idle "
-                                  f"OpenMP threads {'sleep' if passive else 'spin'})")
+                                  f"OpenMP threads: {wait})")
     torch.set_num_threads(threads)
-    return ThreadConfig(threads, cores, passive, reason)
+    return ThreadConfig(threads, cores, passive, reason, wait)
 
 
 @dataclass(frozen=True)

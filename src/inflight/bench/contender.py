@@ -9,7 +9,7 @@ the run. `--floor` adds the run's floor (`bench.floor`, measured in this process
 run: the linear layers at their best, one read of the KV per step) for an engine mode.
 
 Nothing here sets threads or a wait policy: whatever the environment (OMP_NUM_THREADS,
-OMP_WAIT_POLICY) and import order gave this process is what is measured, so the protocol can try
+OMP_WAIT_POLICY, GOMP_SPINCOUNT) and import order gave this process is what is measured, so the protocol can try
 each setting in its own process.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
     from inflight.bench.metrics import ideal_speedup, summarize
     from inflight.bench.suite import _plan, _setup, run_mode
     from inflight.bench.models import load_model, load_saved
-    from inflight.threads import LoadWatch, passive_wait_in_effect
+    from inflight.threads import LoadWatch, openmp_idle_wait, passive_wait_in_effect
 
     model = load_saved(weights).to(device) if weights else load_model(model_name, device, "float32", seed).model
     cfg = BenchConfig(n=n, seed=seed, batch_size=batch_size, modes=[mode], **shape)
@@ -52,7 +52,8 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
            "useful_tokens": lt.useful_tokens, "requests": n, "tokens": rec.tokens,
            "work_bound_ideal": ideal_speedup(lt, batch_size)["work_bound_speedup"],
            "torch_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-           "passive_wait": passive_wait_in_effect(), "kernels": _kernels(), "load": watch.as_dict()}
+           "passive_wait": passive_wait_in_effect(), "idle_wait": openmp_idle_wait(),
+           "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "kernels": _kernels(), "load": watch.as_dict()}
     # the benchmark's per-mode summary (latencies, forward calls, time outside the forward pass, ...)
     out["summary"] = {k: v for k, v in summarize(rec, lt, None).items() if k not in ("work_per_step", "batch_over_time")}
     if floor:

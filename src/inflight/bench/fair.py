@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["Setting", "Contender", "openmp_settings", "run_process", "TokenReference", "search", "alternate",
+__all__ = ["Setting", "Contender", "POLICIES", "openmp_settings", "run_process", "TokenReference", "search", "alternate",
            "summarize", "spread", "compare", "RESULT_VAR"]
 
 RESULT_VAR = "INFLIGHT_RESULT"
@@ -64,15 +64,29 @@ class Contender:
     settings: tuple[Setting, ...] = (Setting("as is"),)
 
 
-def openmp_settings(cores: int, policies: Sequence[str] = ("default", "PASSIVE", "ACTIVE")) -> tuple[Setting, ...]:
+#: the OpenMP wait policies `openmp_settings` tries: the variables each sets (None: unset)
+POLICIES: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "default": (("OMP_WAIT_POLICY", None), ("GOMP_SPINCOUNT", None)),  # the library's own: spin ~3 ms
+    "PASSIVE": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", None)),  # sleep at once
+    "ACTIVE": (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", None)),  # spin (for minutes)
+    # spin about 0.1 ms, then sleep: what `import inflight` first sets (inflight.threads.SHORT_SPIN)
+    "short spin": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "10000")),
+}
+
+
+def openmp_settings(cores: int, policies: Sequence[str] = ("default", "PASSIVE", "ACTIVE", "short spin")
+                    ) -> tuple[Setting, ...]:
     """Every thread count (1 .. cores; on more than 4 cores: 1, half, all) times every OpenMP wait
-    policy: "default" is the library's own (torch imported first, `OMP_WAIT_POLICY` unset). The
+    policy of `POLICIES`: "default" is the library's own (torch imported first, nothing set). The
     first is torch's own default (every core, default policy): where nothing is searched, that one."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown wait policies {unknown}; choose from {list(POLICIES)}")
     counts = sorted({1, max(1, cores // 2), cores}) if cores > 4 else list(range(1, cores + 1))
     out = []
     for policy in policies:
         for n in reversed(counts):
-            env = (("OMP_NUM_THREADS", str(n)), ("OMP_WAIT_POLICY", None if policy == "default" else policy))
+            env = (("OMP_NUM_THREADS", str(n)),) + POLICIES[policy]
             out.append(Setting(f"{n} thread{'s' if n > 1 else ''}, {policy} wait", env, torch_first=policy == "default"))
     return tuple(out)
 
@@ -93,7 +107,11 @@ def run_process(contender: Contender, setting: Setting, timeout: float | None = 
                 extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """One measurement: the contender's command at `setting`, in a fresh process; its result JSON
     plus the process's wall time. A failed process raises RuntimeError with the end of its stderr."""
+    from inflight.threads import set_by_inflight
+
     env = dict(os.environ)
+    for k in set_by_inflight():  # this process's own `import inflight` is no setting of the contender's
+        env.pop(k, None)
     for k, v in list(setting.env) + list((extra_env or {}).items()):
         if v is None:
             env.pop(k, None)

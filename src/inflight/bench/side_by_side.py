@@ -42,18 +42,18 @@ def contenders(n: int, settings: Sequence[fair.Setting], floor: bool = False, ba
                **shape: Any) -> list[fair.Contender]:
     """The paged engine and the two transformers peers, each searched over `settings`. Where nothing
     is searched each runs at the first: the peers at torch's defaults (every core, OpenMP's own wait
-    policy), the engine as `import inflight` first leaves it (every core, PASSIVE)."""
+    policy), the engine as `import inflight` first leaves it (every core, the short spin)."""
     return [fair.Contender(m, _command(m, n, floor and m == "paged", batch_size, **shape),
                            _own_default_first(settings) if m == "paged" else tuple(settings)) for m in ("paged", *PEERS)]
 
 
 def _own_default_first(settings: Sequence[fair.Setting]) -> tuple[fair.Setting, ...]:
-    """`settings` with the one `import inflight` first gives (the most threads, PASSIVE) in front."""
+    """`settings` with the one `import inflight` first gives (the most threads, the short spin) in front."""
     def threads(s: fair.Setting) -> int:
         return int(dict(s.env).get("OMP_NUM_THREADS") or 0)
 
     most = max((threads(s) for s in settings), default=0)
-    own = [s for s in settings if dict(s.env).get("OMP_WAIT_POLICY") == "PASSIVE" and threads(s) == most][:1]
+    own = [s for s in settings if set(fair.POLICIES["short spin"]) <= set(s.env) and threads(s) == most][:1]
     return tuple(own + [s for s in settings if s not in own])
 
 

@@ -23,11 +23,13 @@ passing blip changes nothing. Then `plan_step`, with n neighbours on c cores:
   machine: on 2 cores beside 2 busy programs, 2 threads get about a core, 1 thread two thirds of one);
 - quiet (n = 0): idle threads should spin through the step's short gaps. If torch's spin, the
   kernels join torch's team; if they sleep, the kernels run on the pool, spinning;
-- busy (n >= 1): idle threads should sleep at once. If torch's sleep, the kernels join torch's team;
-  if they spin, the kernels run on the pool, sleeping, and torch gets one thread, so its spinning
-  team never has a member to wait for.
+- busy (n >= 1): idle threads should sleep at once, and the kernels run on the pool, sleeping, where
+  a worker that another program keeps off its core costs nothing: the pool's pieces are claimed,
+  not assigned, so the caller takes a late worker's piece itself instead of waiting a scheduler
+  time slice for it at a barrier (OpenMP's regions, sleeping or not, wait for every member). If
+  torch's threads spin, torch gets one thread, so its spinning team never has a member to wait for.
 
-So in each case exactly one team of ours waits for work, and it waits the right way (measured in
+So in each case one team of ours at most spins, and every team waits the right way (measured in
 `python -m inflight.bench.busy`; `results/busy_cpu.json` has the figures).
 
 `restore()` puts torch's count back after the step, so nothing else in the process sees the change.
@@ -62,13 +64,13 @@ class StepThreads:
 def plan_step(cores: int, neighbours: int, threads: int, torch_spins: bool, quiet_spin_ns: int) -> StepThreads:
     """The rule of the module docstring: n `neighbours` on `cores` cores, `threads` set for the
     process, whether torch's idle threads spin. The kernels run on whichever team waits the right
-    way for the machine as it is: torch's own when its fixed policy is right (it spins and the
-    machine is quiet, or it sleeps and the machine is busy), else the pool, set to that way."""
+    way for the machine as it is: torch's own when it spins and the machine is quiet, else the pool,
+    set to spin (quiet) or to sleep (busy)."""
     want = threads if 2 * neighbours > cores else max(1, min(threads, cores - neighbours))
     if neighbours == 0:  # spin: on torch's team if it spins, else on the pool, spinning
         return StepThreads(want, torch_spins, want, quiet_spin_ns)
-    # sleep: on torch's team if it sleeps; else on the pool, sleeping, and torch on one thread
-    return StepThreads(want, not torch_spins, 1 if torch_spins else want, 0)
+    # sleep: on the pool (no barrier waits for a descheduled worker), and a spinning torch on one thread
+    return StepThreads(want, False, 1 if torch_spins else want, 0)
 
 
 class ThreadGovernor:

@@ -130,10 +130,13 @@ def spin() -> int | None:
 
 def stats() -> dict[str, int] | None:
     """Since the process started: jobs shared out over threads, sleeping threads woken, threads
-    started (the caller's included); and the spin in force. None without the pool."""
+    started (the caller's included), the spin in force, pieces handed out, and pieces the caller ran
+    beyond its share because a worker had not claimed them yet (it was waking up, or another program
+    held its core). None without the pool."""
     pool = load()
     if pool is None:
         return None
-    out = (ctypes.c_uint64 * 4)()
+    out = (ctypes.c_uint64 * 6)()
     pool.inflight_pool_stats(out)
-    return {"jobs": out[0], "wakeups": out[1], "threads": out[2], "spin_ns": out[3]}
+    return {"jobs": out[0], "wakeups": out[1], "threads": out[2], "spin_ns": out[3], "pieces": out[4],
+            "taken_by_caller": out[5]}
