@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--fair-rounds", type=int, default=None,
-                   help="rounds of the fair comparison with the peers (bench.fair; 0: none; default 3, --quick 1)")
+                   help="rounds of the fair comparison with the peers (bench.fair; 0: none; default 5, --quick 1)")
     p.add_argument("--no-attention-bench", action="store_true")
     p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
     p.add_argument("--no-decode-step", action="store_true", help="skip the batch-1 decode step timing")

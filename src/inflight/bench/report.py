@@ -131,6 +131,10 @@ def format_fair(fair: dict[str, Any]) -> str:
     for pair, r in fair["summary"]["ratios"].items():
         if r["n"]:
             out.append(f"  {pair}: median {r['median']:.2f}x, range {r['min']:.2f}-{r['max']:.2f}x")
+    if fair.get("target"):
+        from inflight.bench.side_by_side import target_lines
+
+        out += ["  " + line for line in target_lines(fair["target"])]
     out.append("  every process's tokens identical to the reference: " + ("yes" if fair["all_tokens_identical"] else "NO"))
     return "\n".join(out)
 

@@ -289,7 +289,7 @@ def _fair_section(cfg: BenchConfig, model: Any, lt: Workload, reference: dict[st
                      seed=cfg.seed, weights=save_model(model, str(Path(tmp) / "model.pt")), device=str(model.device))
         try:
             return side_by_side.run(len(lt.requests), cfg.fair_rounds, cfg.fair_search_rounds,
-                                    min(cfg.fair_search_n, len(lt.requests)), False, path, batch_size=cfg.batch_size,
+                                    min(cfg.fair_search_n, len(lt.requests)), cfg.fair_floor, path, batch_size=cfg.batch_size,
                                     log=lambda s: log(f"  fair: {s}"), ref=ref,
                                     ideal=results["workloads"][lt.name]["ideal"]["work_bound_speedup"], **shape)
         except Exception as exc:
