@@ -2,8 +2,9 @@
 
 A reader's notebook may start with `import torch` or with `import inflight`, and a laptop or a Colab
 CPU is rarely idle. OpenMP reads its wait policy once, when torch loads: `import inflight` first asks
-for a short spin (`OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000`: idle threads spin about 0.1 ms, then
-sleep), `import torch` first leaves torch's default (idle threads spin for about 3 ms). So this benchmark measures the engine (the paged mode of the benchmark,
+for a short spin (`OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000`: idle threads spin about a third of
+a millisecond, then sleep), `import torch` first leaves torch's default (idle threads spin for
+milliseconds). So this benchmark measures the engine (the paged mode of the benchmark,
 on the long-tailed workload) in each import order (`VARIANTS`), each run a fresh process
 (`inflight.bench.fair`), alone and beside one CPU-bound program per core (plain `while True: pass`
 processes this program starts), the variants taking turns round after round. Two programs per core

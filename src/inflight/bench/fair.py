@@ -66,10 +66,10 @@ class Contender:
 
 #: the OpenMP wait policies `openmp_settings` tries: the variables each sets (None: unset)
 POLICIES: dict[str, tuple[tuple[str, str | None], ...]] = {
-    "default": (("OMP_WAIT_POLICY", None), ("GOMP_SPINCOUNT", None)),  # the library's own: spin ~3 ms
+    "default": (("OMP_WAIT_POLICY", None), ("GOMP_SPINCOUNT", None)),  # the library's own: spin for milliseconds
     "PASSIVE": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", None)),  # sleep at once
     "ACTIVE": (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", None)),  # spin (for minutes)
-    # spin about 0.1 ms, then sleep: what `import inflight` first sets (inflight.threads.SHORT_SPIN)
+    # spin about 0.35 ms, then sleep: what `import inflight` first sets (inflight.threads.SHORT_SPIN)
     "short spin": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "10000")),
 }
 

@@ -2,8 +2,9 @@
 
 Two teams of threads can run a step. torch's own (GNU OpenMP: the BLAS of large steps, big
 elementwise operators) waits as it was told once, when torch loaded: its idle threads spin for a few
-milliseconds (torch imported first, the library's default) or sleep at once (`import inflight` first
-sets `OMP_WAIT_POLICY=PASSIVE`). The C kernels (attention, the fused passes, the skinny GEMMs) run
+milliseconds (torch imported first, the library's default), for about a third of one (`import
+inflight` first asks for that short spin) or not at all (`OMP_WAIT_POLICY=PASSIVE` set by you). The
+C kernels (attention, the fused passes, the skinny GEMMs) run
 on the package's pool (`inflight.model.thread_pool`), whose waiting this governor sets step by step.
 A decode step is twenty-odd short parallel regions, so the waiting is the cost:
 
@@ -21,8 +22,8 @@ passing blip changes nothing. Then `plan_step`, with n neighbours on c cores:
   region waits for it: c threads would take 2/c of the work's time, the free cores 1/(c - n), no
   more); every thread beyond that (then each of ours is slowed alike, and each is a share of the
   machine: on 2 cores beside 2 busy programs, 2 threads get about a core, 1 thread two thirds of one);
-- quiet (n = 0): idle threads should spin through the step's short gaps. If torch's spin, the
-  kernels join torch's team; if they sleep, the kernels run on the pool, spinning;
+- quiet (n = 0): idle threads should spin through the step's short gaps. If torch's spin (for long
+  or briefly), the kernels join torch's team; if they sleep, the kernels run on the pool, spinning;
 - busy (n >= 1): idle threads should sleep at once, and the kernels run on the pool, sleeping, where
   a worker that another program keeps off its core costs nothing: the pool's pieces are claimed,
   not assigned, so the caller takes a late worker's piece itself instead of waiting a scheduler
