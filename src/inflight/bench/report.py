@@ -9,7 +9,7 @@ from typing import Any
 
 from inflight.bench.config import MODE_TITLES, MODES
 
-__all__ = ["format_table", "format_report", "format_fair", "save_results", "print_and_save"]
+__all__ = ["format_table", "format_report", "format_fair", "target_lines", "save_results", "print_and_save"]
 
 
 def _f(x: Any, fmt: str, scale: float = 1.0) -> str:
@@ -132,11 +132,27 @@ def format_fair(fair: dict[str, Any]) -> str:
         if r["n"]:
             out.append(f"  {pair}: median {r['median']:.2f}x, range {r['min']:.2f}-{r['max']:.2f}x")
     if fair.get("target"):
-        from inflight.bench.side_by_side import target_lines
-
         out += ["  " + line for line in target_lines(fair["target"])]
     out.append("  every process's tokens identical to the reference: " + ("yes" if fair["all_tokens_identical"] else "NO"))
     return "\n".join(out)
+
+
+def target_lines(t: dict[str, Any]) -> list[str]:
+    """The targets of a fair comparison (`bench.side_by_side.run`'s "target"): over `generate` as a multiple of the ideal, and
+    the engine's time over its floor when it was measured."""
+    if not t["rounds_measured"]:
+        return ["no round gave both speeds (a process's tokens differed from the reference)"]
+    lines = []
+    lines.append(f"paged over transformers generate: median {t['median_of_ideal']:.2f}x the work-bound ideal "
+                 f"({t['work_bound_ideal']:.2f}x), range {t['min_of_ideal']:.2f}-{t['max_of_ideal']:.2f}x over "
+                 f"{t['rounds_measured']} rounds; target >= {t['of_ideal_at_least']}x: "
+                 f"{'met' if t['met'] else 'not met'}; paged over transformers CB: median {t['median_over_hf_continuous']:.2f}x")
+    if "floor" in t and t["floor"].get("n"):
+        f = t["floor"]
+        lines.append(f"paged engine's time over its floor: median {f['median']:.2f}x, range {f['min']:.2f}-{f['max']:.2f}x "
+                     f"(median run over the lowest floor of any round: {f['median_wall_over_lowest_floor']:.2f}x); "
+                     f"target <= {f['wall_over_floor_at_most']}x: {'met' if f['met'] else 'not met'}")
+    return lines
 
 
 def _limits_lines(lim: dict[str, Any], modes: dict[str, Any]) -> list[str]:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from inflight.bench import fair
-from inflight.bench.report import print_and_save
+from inflight.bench.report import print_and_save, target_lines
 
-__all__ = ["run", "report", "target_lines", "main", "contenders", "median_runs", "TARGET_OF_IDEAL", "TARGET_FLOOR", "PEERS"]
+__all__ = ["run", "report", "main", "contenders", "median_runs", "TARGET_OF_IDEAL", "TARGET_FLOOR", "PEERS"]
 
 TARGET_OF_IDEAL = 1.5  # paged over generate, as a multiple of the work-bound ideal
 TARGET_FLOOR = 1.3     # the paged engine's time at most this many times its floor
@@ -161,24 +161,6 @@ def report(res: dict[str, Any]) -> str:
     lines += target_lines(t)
     lines.append("every process's tokens identical to the reference: " + ("yes" if res["all_tokens_identical"] else "NO"))
     return "\n".join(lines)
-
-
-def target_lines(t: dict[str, Any]) -> list[str]:
-    """The targets of a comparison (`run`'s "target"): over `generate` as a multiple of the ideal, and
-    the engine's time over its floor when it was measured."""
-    if not t["rounds_measured"]:
-        return ["no round gave both speeds (a process's tokens differed from the reference)"]
-    lines = []
-    lines.append(f"paged over transformers generate: median {t['median_of_ideal']:.2f}x the work-bound ideal "
-                 f"({t['work_bound_ideal']:.2f}x), range {t['min_of_ideal']:.2f}-{t['max_of_ideal']:.2f}x over "
-                 f"{t['rounds_measured']} rounds; target >= {t['of_ideal_at_least']}x: "
-                 f"{'met' if t['met'] else 'not met'}; paged over transformers CB: median {t['median_over_hf_continuous']:.2f}x")
-    if "floor" in t and t["floor"].get("n"):
-        f = t["floor"]
-        lines.append(f"paged engine's time over its floor: median {f['median']:.2f}x, range {f['min']:.2f}-{f['max']:.2f}x "
-                     f"(median run over the lowest floor of any round: {f['median_wall_over_lowest_floor']:.2f}x); "
-                     f"target <= {f['wall_over_floor_at_most']}x: {'met' if f['met'] else 'not met'}")
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
