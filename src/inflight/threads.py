@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "other_runnable",
-           "passive_wait_in_effect", "openmp_idle_wait", "set_by_inflight", "usable_cores", "adaptive_threads_wanted",
+           "passive_wait_in_effect", "openmp_idle_wait", "set_by_inflight", "environment_for_child", "usable_cores",
+           "adaptive_threads_wanted",
            "BUSY_RUNNABLE", "SHORT_SPIN"]
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
@@ -65,6 +66,13 @@ def set_by_inflight() -> dict[str, str]:
     unless they are taken out again: `inflight.bench.fair` does, so that a peer runs as it would
     without us)."""
     return dict(_SET_HERE)
+
+
+def environment_for_child(**extra: str) -> dict[str, str]:
+    """This process's environment without what `import inflight` put there, plus `extra`: what a
+    program started from here should see, so that it runs as it would if started by hand (a peer is
+    not measured under our OpenMP settings; an inflight child sets its own when it imports inflight)."""
+    return {**{k: v for k, v in os.environ.items() if k not in _SET_HERE}, **extra}
 
 
 def _spin_count(text: str | None) -> float | None:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from inflight.bench import fair
-from inflight.threads import usable_cores
+from inflight.threads import SHORT_SPIN, usable_cores
 
 __all__ = ["VARIANTS", "matrix", "targets", "measure_here", "competitors_running", "main", "KEEP_TARGET",
            "QUIET_WITHIN"]
@@ -53,7 +53,7 @@ VARIANTS: dict[str, fair.Setting] = {
         fair.POLICIES["default"] + (("INFLIGHT_ADAPT_THREADS", "0"),), torch_first=True),
     "torch first, short spin": fair.Setting(
         "import torch first with GOMP_SPINCOUNT=10000 (idle OpenMP threads spin briefly, then sleep)",
-        (("OMP_WAIT_POLICY", None), ("GOMP_SPINCOUNT", "10000")), torch_first=True),
+        (("OMP_WAIT_POLICY", None), ("GOMP_SPINCOUNT", SHORT_SPIN)), torch_first=True),
 }
 DEFAULT_VARIANTS = ("inflight first", "torch first")
 KEEP_TARGET = 0.40   # busy over quiet, each variant

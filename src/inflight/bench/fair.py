@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from inflight.threads import SHORT_SPIN, environment_for_child
+
 __all__ = ["Setting", "Contender", "POLICIES", "openmp_settings", "run_process", "TokenReference", "search", "alternate",
            "summarize", "spread", "compare", "RESULT_VAR"]
 
@@ -70,7 +72,7 @@ POLICIES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "PASSIVE": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", None)),  # sleep at once
     "ACTIVE": (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", None)),  # spin (for minutes)
     # spin about 0.35 ms, then sleep: what `import inflight` first sets (inflight.threads.SHORT_SPIN)
-    "short spin": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "10000")),
+    "short spin": (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", SHORT_SPIN)),
 }
 
 
@@ -107,11 +109,7 @@ def run_process(contender: Contender, setting: Setting, timeout: float | None = 
                 extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """One measurement: the contender's command at `setting`, in a fresh process; its result JSON
     plus the process's wall time. A failed process raises RuntimeError with the end of its stderr."""
-    from inflight.threads import set_by_inflight
-
-    env = dict(os.environ)
-    for k in set_by_inflight():  # this process's own `import inflight` is no setting of the contender's
-        env.pop(k, None)
+    env = environment_for_child()  # this process's own `import inflight` is no setting of the contender's
     for k, v in list(setting.env) + list((extra_env or {}).items()):
         if v is None:
             env.pop(k, None)

@@ -138,15 +138,14 @@ def format_fair(fair: dict[str, Any]) -> str:
 
 
 def target_lines(t: dict[str, Any]) -> list[str]:
-    """The targets of a fair comparison (`bench.side_by_side.run`'s "target"): over `generate` as a multiple of the ideal, and
-    the engine's time over its floor when it was measured."""
+    """The targets of a fair comparison (`bench.side_by_side.run`'s "target"): over `generate` as a
+    multiple of the ideal, and the engine's time over its floor when it was measured."""
     if not t["rounds_measured"]:
         return ["no round gave both speeds (a process's tokens differed from the reference)"]
-    lines = []
-    lines.append(f"paged over transformers generate: median {t['median_of_ideal']:.2f}x the work-bound ideal "
+    lines = [f"paged over transformers generate: median {t['median_of_ideal']:.2f}x the work-bound ideal "
                  f"({t['work_bound_ideal']:.2f}x), range {t['min_of_ideal']:.2f}-{t['max_of_ideal']:.2f}x over "
                  f"{t['rounds_measured']} rounds; target >= {t['of_ideal_at_least']}x: "
-                 f"{'met' if t['met'] else 'not met'}; paged over transformers CB: median {t['median_over_hf_continuous']:.2f}x")
+                 f"{'met' if t['met'] else 'not met'}; paged over transformers CB: median {t['median_over_hf_continuous']:.2f}x"]
     if "floor" in t and t["floor"].get("n"):
         f = t["floor"]
         lines.append(f"paged engine's time over its floor: median {f['median']:.2f}x, range {f['min']:.2f}-{f['max']:.2f}x "

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from inflight.threads import environment_for_child
+
 __all__ = ["ServerHandle", "start_inflight", "start_transformers", "save_tiny_as_hf", "save_random_checkpoint",
            "free_port", "run_record", "save_result"]
 
@@ -77,22 +79,12 @@ def _wait_ready(proc: subprocess.Popen, base_url: str, log: Path, timeout: float
     raise RuntimeError(f"the server at {base_url} was not ready in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-def _own_environment(**extra: str) -> dict[str, str]:
-    """This process's environment without what its own `import inflight` put there (the OpenMP wait
-    policy and spin count): a server runs as it would if started by hand, so a peer is not measured
-    under our settings (issue 24), and ours sets its own when it imports inflight."""
-    from inflight.threads import set_by_inflight
-
-    env = {k: v for k, v in os.environ.items() if k not in set_by_inflight()}
-    return {**env, **extra}
-
-
 def start_inflight(args: Sequence[str] = (), log_dir: Path | None = None) -> ServerHandle:
     """`python -m inflight.serve ARGS --port 0`, ready."""
     log = Path(log_dir or "/tmp") / f"inflight-serve-{os.getpid()}-{time.monotonic_ns()}.log"
     out = log.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "inflight.serve", "--port", "0", *args], stdout=out,
-                            stderr=subprocess.STDOUT, env=_own_environment(PYTHONUNBUFFERED="1"))
+                            stderr=subprocess.STDOUT, env=environment_for_child(PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not (m := re.search(r"at (http://\S+)/v1", log.read_text())):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -110,7 +102,8 @@ def start_transformers(model_dir: Path, args: Sequence[str] = ("--continuous-bat
     exe = shutil.which("transformers") or str(Path(sys.executable).with_name("transformers"))
     port = free_port()
     log = Path(log_dir or "/tmp") / f"transformers-serve-{os.getpid()}-{port}.log"
-    env = _own_environment(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # as if started by hand: not under our OpenMP settings (issue 24)
+    env = environment_for_child(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([exe, "serve", str(model_dir), "--device", "cpu", "--host", "127.0.0.1",
                              "--port", str(port), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     handle = ServerHandle(proc, f"http://127.0.0.1:{port}", "transformers", log)
