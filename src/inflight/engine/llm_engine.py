@@ -172,7 +172,7 @@ class LLMEngine:
         seq.priority = priority
         seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
         if self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         return seq
 
     def _new_request_id(self, request_id: Any) -> str:
@@ -297,8 +297,11 @@ class LLMEngine:
         d = s.detokenizer
         if d is None:
             return None, None
+        ids = s.output_token_ids
+        if s.finish_reason == "stop" and not s.params.skip_special_tokens and ids and ids[-1] in self.eos_token_ids:
+            ids = ids[:-1]  # the end-of-text that ended it is not text (skipped or not, as in vLLM)
         try:
-            stop = d.update(s.output_token_ids, finished=s.finish_reason is not None)
+            stop = d.update(ids, finished=s.finish_reason is not None)
         except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
             return None, f"detokenization failed ({type(exc).__name__}: {exc})"
         if stop is not None and s.finish_reason in (None, "length"):

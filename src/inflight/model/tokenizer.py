@@ -79,9 +79,12 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a chat, using the checkpoint's own template."""
-        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
+        """Token ids of a chat, using the checkpoint's own template (`continue_final_message`: the last
+        message left open for the model to continue, as transformers and vLLM do it)."""
+        extra = {"continue_final_message": True} if continue_final_message else {}
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **extra)
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
     def __repr__(self) -> str:
