@@ -207,3 +207,40 @@ def test_bytes_that_are_not_http_get_a_json_400(server, raw):
     assert status == 400 and headers["content-type"] == "application/json", (headers, body)
     err = json.loads(body)["error"]
     assert "Invalid HTTP request" in err["message"] and set(err) == {"message", "type", "param", "code"}
+
+
+def test_every_answer_shape_is_its_documented_model():
+    """The dicts the server writes validate against the models /openapi.json describes them with
+    (which forbid keys they do not declare), every kind of chunk included."""
+    from inflight.serve import responses as r
+
+    u = r.usage(3, 2)
+    cases = [(r.CompletionResponse, r.completion_object("c", "m", 1, "hi", "length", u)),
+             (r.ChatCompletionResponse, r.chat_object("c", "m", 1, "hi", "stop", u)),
+             (r.CompletionChunk, r.completion_object("c", "m", 1, "h", None, chunk=True)),
+             (r.CompletionChunk, r.completion_object("c", "m", 1, None, None, u, chunk=True)),
+             (r.ChatCompletionChunk, r.chat_object("c", "m", 1, "", None, chunk=True, role=True)),
+             (r.ChatCompletionChunk, r.chat_object("c", "m", 1, "h", None, chunk=True)),
+             (r.ChatCompletionChunk, r.chat_object("c", "m", 1, None, "length", chunk=True)),
+             (r.ChatCompletionChunk, r.chat_object("c", "m", 1, None, None, u, chunk=True)),
+             (r.ErrorResponse, r.error_body("bad", param="x")),
+             (r.ModelList, {"object": "list", "data": [r.model_card("m", 1, 512)]})]
+    for model, obj in cases:
+        model.model_validate(obj, strict=True)
+        assert json.loads(r.sse(obj).removeprefix("data: ")) == obj
+
+
+def test_the_openapi_document_describes_the_bodies(server):
+    status, _, raw = server.request("GET", "/openapi.json")
+    doc = json.loads(raw)
+    assert status == 200 and doc["openapi"].startswith("3.")
+    schemas = doc["components"]["schemas"]
+    completion = schemas["CompletionRequest"]
+    assert set(completion["properties"]) == set(fields.fields_for("completions")) and completion["required"] == ["prompt"]
+    assert "accepted" in completion["properties"]["logprobs"]["description"]  # (each field's decision, in words)
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "user", "assistant"]
+    post = doc["paths"]["/v1/chat/completions"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
+    assert {"200", "400", "404", "413", "500", "503"} <= set(post["responses"])
+    assert set(doc["paths"]) == {"/health", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/completions",
+                                 "/v1/chat/completions"}
