@@ -50,6 +50,7 @@ def test_a_chunk_of_k_tokens_is_k_arrivals_at_once():
         n, last = _take_chunk(chunk, res, text, n, now, last)
     assert n == 5 and res.ttft == pytest.approx(0.10) and res.prompt_len == 5
     assert res.itl == pytest.approx([0.20, 0.0, 0.0, 0.05])  # the stall shows once, then the tokens that waited
+    assert res.chunk_itl == pytest.approx([0.20, 0.05])  # `vllm bench serve`'s count: one gap per chunk
     assert "".join(text) == "abcde" and res.finish_reason == "length"
 
 
@@ -76,5 +77,6 @@ def test_metrics_and_goodput():
     assert [is_good(r, {"ttft": 300, "tpot": 120}) for r in results] == [True, False, True, False]
     assert m["request_goodput"] == pytest.approx(1.0)
     assert m["median_ttft_ms"] == pytest.approx(200) and m["mean_tpot_ms"] == pytest.approx(100)
-    assert {"p50_itl_ms", "p99_itl_ms", "std_e2el_ms", "ttfts", "itls", "errors"} <= set(m)
+    assert {"p50_itl_ms", "p99_itl_ms", "std_e2el_ms", "ttfts", "itls", "errors", "p99_chunk_itl_ms",
+            "chunk_itls"} <= set(m)
     assert calculate_metrics(results, 2.0)["request_goodput"] is None  # no objectives: no goodput
