@@ -26,7 +26,7 @@ from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as 
 from inflight.engine.invariants import check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, text_token_ids
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
@@ -297,11 +297,8 @@ class LLMEngine:
         d = s.detokenizer
         if d is None:
             return None, None
-        ids = s.output_token_ids
-        if s.finish_reason == "stop" and not s.params.skip_special_tokens and ids and ids[-1] in self.eos_token_ids:
-            ids = ids[:-1]  # the end-of-text that ended it is not text (skipped or not, as in vLLM)
         try:
-            stop = d.update(ids, finished=s.finish_reason is not None)
+            stop = d.update(text_token_ids(s, self.eos_token_ids), finished=s.finish_reason is not None)
         except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
             return None, f"detokenization failed ({type(exc).__name__}: {exc})"
         if stop is not None and s.finish_reason in (None, "length"):
