@@ -53,12 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--fair-rounds", type=int, default=None,
-                   help="rounds of the fair comparison with the peers (bench.protocol.(; 0: none; default 5, --quick 1)")
+                   help="rounds of the fair comparison with the peers (bench.protocol.fair; 0: none; default 5, --quick 1)")
     p.add_argument("--no-attention-bench", action="store_true")
     p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
     p.add_argument("--no-decode-step", action="store_true", help="skip the batch-1 decode step timing")
     p.add_argument("--logprob-tolerance", type=float, default=None,
-                   help="half precision: accepted teacher-forced deviation in nats (default per dtype, bench.offline. )")
+                   help="half precision: accepted teacher-forced deviation in nats (default per dtype, bench.offline.agreement)")
     p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json); a "
                    "folder: bench_gpu_<gpu>.json or bench_cpu.json in it")
     return p

@@ -34,7 +34,7 @@ __all__ = ["shared_prefix_workload", "share_nothing_workload", "run_workload", "
 def _workload(name: str, n: int, prompt_len: int, shared_len: int, output_len: int, vocab_size: int, seed: int,
               arrival_every: int) -> Workload:
     """`n` prompts of `prompt_len` tokens (the first `shared_len` common to all), arriving one every
-    `arrival_every` engine steps; lengths from `sim.workloads`, token ids from `bench.offline.``."""
+    `arrival_every` engine steps; lengths from `sim.workloads`, token ids from `bench.offline.prompts`."""
     lengths = workloads.from_lengths([output_len] * n, arrivals=[i * arrival_every for i in range(n)],
                                      prompt_len=prompt_len)
     return with_token_ids(name, lengths, vocab_size, f"{name}-{seed}", shared_prefix=shared_len)

@@ -118,7 +118,7 @@ def _online_lines(online: dict[str, Any] | None) -> list[str]:
 
 
 def format_fair(fair: dict[str, Any]) -> str:
-    """The comparison with the peers by the fair protocol (`bench.protocol.``, `bench.protocol.``):
+    """The comparison with the peers by the fair protocol (`bench.protocol.fair`, `bench.protocol.side_by_side`):
     each system's median and range, its setting, each ratio's median and range, the token check."""
     rounds = len(fair["rounds"])
     searched = fair.get("search_rounds") and any(v["tried"] for v in fair["settings"].values())
@@ -138,7 +138,7 @@ def format_fair(fair: dict[str, Any]) -> str:
 
 
 def target_lines(t: dict[str, Any]) -> list[str]:
-    """The targets of a fair comparison (`bench.protocol.`.run`'s "target"): over `generate` as a
+    """The targets of a fair comparison (`bench.protocol.side_by_side.run`'s "target"): over `generate` as a
     multiple of the ideal, and the engine's time over its floor when it was measured."""
     if not t["rounds_measured"]:
         return ["no round gave both speeds (a process's tokens differed from the reference)"]

@@ -85,7 +85,7 @@ def run_checked(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[
         return {"mode": mode, "title": title, "status": "unavailable", "error": err,
                 "traceback": traceback.format_exc(limit=6)}
     agreement = None
-    if setup.agreement.get("policy") == "teacher_forced_logprobs":  # half precision: see bench.offline. 
+    if setup.agreement.get("policy") == "teacher_forced_logprobs":  # half precision: see bench.offline.agreement
         agreement = teacher_forced_deviation(setup.model, w, rec.tokens, setup.agreement)
         mismatch = describe_failure(agreement)
     else:
@@ -243,7 +243,7 @@ def _limits(model: Any, lt: Workload, lt_modes: dict[str, Any], quick: bool) -> 
 
 def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cfg: BenchConfig,
                    fair_res: dict[str, Any]) -> dict[str, Any]:
-    """The paged run against the lower bounds of its own work (`bench.protocol.``): where its time went,
+    """The paged run against the lower bounds of its own work (`bench.protocol.floor`): where its time went,
     the fastest the workload allows here, the largest ratio over each peer that allows (a peer at its
     best: its median in the fair comparison, when there is one), and the linear layers alone at the
     benchmark's batch size (the ceiling of the roof target)."""
@@ -267,7 +267,7 @@ def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cf
 
 def _fair_section(cfg: BenchConfig, model: Any, lt: Workload, reference: dict[str, list[int]] | None,
                   results: dict[str, Any], log: Log) -> dict[str, Any]:
-    """The paged engine against the transformers peers by the fair protocol (`bench.protocol.``:
+    """The paged engine against the transformers peers by the fair protocol (`bench.protocol.side_by_side`:
     each in its own process at its best setting, alternating), on the long-tailed workload, every
     process checked against this run's sequential tokens -- whichever modes the table ran: the table
     runs every mode in this one process, with this process's settings, which is no comparison

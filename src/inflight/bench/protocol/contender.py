@@ -5,7 +5,7 @@ It builds the benchmark's long-tailed workload (the same requests in every proce
 shape), serves a short warm-up, then times one run of the mode and writes the result JSON to
 `$INFLIGHT_RESULT` (or prints it): `value` (useful tokens per second), every request's `tokens`, the
 wall time, the threads and OpenMP wait policy this process ran with, and the machine's load around
-the run. `--floor` adds the run's floor (`bench.protocol.``, measured in this process right after the
+the run. `--floor` adds the run's floor (`bench.protocol.floor`, measured in this process right after the
 run: the linear layers at their best, one read of the KV per step) for an engine mode.
 
 Nothing here sets threads or a wait policy: whatever the environment (OMP_NUM_THREADS,
@@ -27,7 +27,7 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
             weights: str | None = None, device: str = "cpu", **shape: Any) -> dict[str, Any]:
     """Warm up, then time `mode` once on the long-tailed workload of `n` requests (`shape`: its
     `prompt_range`, `output_mean`, `output_cap`) with the benchmark's model `model_name` (None: the
-    tiny model) or the one saved at `weights` (`bench.offline.`.save_model`), in float32 (every process's
+    tiny model) or the one saved at `weights` (`bench.offline.models.save_model`), in float32 (every process's
     tokens must be the same) on `device`."""
     import torch
 
@@ -75,7 +75,7 @@ def _kernels() -> dict[str, Any]:
 
 
 def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
-    """This run against the lower bounds of its own work (`bench.protocol.``), measured now, here."""
+    """This run against the lower bounds of its own work (`bench.protocol.floor`), measured now, here."""
     from inflight.bench.protocol.floor import time_floor
     from inflight.bench.profiling import measure_memory_bandwidth
     from inflight.bench.offline.record import kv_bytes_per_token
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output-mean", type=float, default=None)
     p.add_argument("--output-cap", type=int, default=None)
     p.add_argument("--model", default=None, help="the benchmark's --model (default: the tiny model)")
-    p.add_argument("--weights", default=None, help="a model saved by bench.offline. .save_model (instead of --model)")
+    p.add_argument("--weights", default=None, help="a model saved by bench.offline.models.save_model (instead of --model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--floor", action="store_true", help="also measure this run's floor (engine modes)")
     a = p.parse_args(argv)
