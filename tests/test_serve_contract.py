@@ -27,7 +27,7 @@ CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conform
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--max-model-len", "48", "--num-blocks", "16", "--max-num-seqs", "8")
+    srv = ServerProcess("--max-model-len", "36", "--num-blocks", "16", "--max-num-seqs", "8")
     yield srv
     srv.stop()
 

@@ -219,3 +219,22 @@ def test_api_key_back_pressure_and_shutdown():
         running.close()
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def test_the_command_line_server_reports_ignored_fields_and_answers_bad_framing_in_json(server):
+    """`python -m inflight.serve` itself: the log line for fields it does not know reaches its output
+    (once per set of names), and bytes uvicorn's parser refuses get OpenAI's JSON error shape."""
+    body = {"model": server.model, "prompt": PROMPT, "max_tokens": 2, "x_trace_id": "abc"}
+    for _ in range(2):
+        assert server.request("POST", "/v1/completions", body)[0] == 200
+    deadline = time.monotonic() + WAIT_S
+    while not any("x_trace_id" in line for line in server.output) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = [line for line in server.output if "x_trace_id" in line]
+    assert len(lines) == 1 and "ignored" in lines[0], server.output[-5:]
+    s = server.connect()
+    s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    status, headers, raw = parse_response(read_all(s))
+    s.close()
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(raw)["error"]["type"] == "invalid_request_error"
