@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("schemathesis")
 
-from serve_helpers import ROOT, ServerProcess  # noqa: E402
+from serve_helpers import ServerProcess  # noqa: E402
 
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance",
           "response_headers_conformance", "negative_data_rejection", "unsupported_method")

@@ -237,7 +237,8 @@ def test_the_openapi_document_describes_the_bodies(server):
     schemas = doc["components"]["schemas"]
     completion = schemas["CompletionRequest"]
     assert set(completion["properties"]) == set(fields.fields_for("completions")) and completion["required"] == ["prompt"]
-    assert "accepted" in completion["properties"]["logprobs"]["description"]  # (each field's decision, in words)
+    # (each field's decision, in the table's words)
+    assert completion["properties"]["logprobs"]["description"] == fields.fields_for("completions")["logprobs"].here()
     assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
     post = doc["paths"]["/v1/chat/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")

@@ -22,9 +22,10 @@ honour, is one row here (and, for a new sampling field, one argument of `Samplin
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -96,6 +97,11 @@ class Param:
     sampling: bool = False
     required: bool = False
     bounds: dict | None = None
+
+    def here(self) -> str:
+        """What this server does with the field, in words (the table's last column, the schema's description)."""
+        return {HONOURED: self.ours, ACCEPTED: f"accepted: {self.ours}",
+                NEUTRAL_ONLY: f"only {' or '.join(json.dumps(v) for v in self.neutral)}: {self.ours}"}[self.does]
 
 
 def _p(name, type_, does, openai, vllm, ours, **kw) -> Param:
@@ -235,17 +241,15 @@ FIELDS: tuple[Param, ...] = (
 )
 
 
+@functools.cache
 def fields_for(endpoint: str) -> dict[str, Param]:
-    """The table's rows for one endpoint ("completions" or "chat"), by name."""
+    """The table's rows for one endpoint ("completions" or "chat"), by name (one dict per endpoint,
+    made once: read it, don't change it)."""
     return {p.name: p for p in FIELDS if endpoint in p.endpoints}
 
 
 def field_table() -> tuple[list[str], list[list[str]]]:
     """(header, rows) of `FIELDS` for a chapter's table."""
     where = {BOTH: "both", (COMPLETIONS,): "completions", (CHAT,): "chat"}
-    rows = []
-    for p in FIELDS:
-        here = {HONOURED: p.ours, ACCEPTED: f"accepted: {p.ours}",
-                NEUTRAL_ONLY: f"only {' or '.join(json.dumps(v) for v in p.neutral)}: {p.ours}"}[p.does]
-        rows.append([p.name, where[p.endpoints], p.openai, p.vllm, here])
+    rows = [[p.name, where[p.endpoints], p.openai, p.vllm, p.here()] for p in FIELDS]
     return ["field", "endpoint", "OpenAI", "vLLM", "this server"], rows

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from inflight.checks import integer, show
 from inflight.engine.sampling import SamplingParams
 from inflight.serve import fields
-from inflight.serve.fields import ChatMessage, Open, Param
+from inflight.serve.fields import ChatMessage, Open
 
 __all__ = ["RequestError", "GenerationRequest", "parse_json", "completion_request", "chat_request", "chat_roles",
            "render_chat", "PLAIN_CHAT_TEMPLATE", "PLAIN_ROLES", "TEMPLATE_ROLES", "CompletionRequest",
@@ -56,14 +56,9 @@ class RequestError(Exception):
 
 def _request_model(name: str, endpoint: str) -> type[BaseModel]:
     """The endpoint's request model, one pydantic field per row of the table."""
-    spec = {p.name: (p.type, Field(... if p.required else None, description=_describe_row(p),
+    spec = {p.name: (p.type, Field(... if p.required else None, description=p.here(),
                                    json_schema_extra=p.bounds)) for p in fields.fields_for(endpoint).values()}
     return create_model(name, __base__=Open, **spec)
-
-
-def _describe_row(p: Param) -> str:
-    text = p.ours if p.does == fields.HONOURED else f"{p.does}: {p.ours}"
-    return text + (f" (accepted: {', '.join(json.dumps(v) for v in p.neutral)})" if p.neutral else "")
 
 
 CompletionRequest = _request_model("CompletionRequest", fields.COMPLETIONS)
