@@ -258,17 +258,17 @@ def _random_script(rng: random.Random) -> list[tuple]:
 
 
 def _wakes_the_reader(cls: Any) -> Any:
-    """A reader waiting in an event loop while five deltas are put a few ms apart (real time, not
-    turns of the loop): it must wake for them and get them all, the last one ending the stream."""
+    """A reader waiting in an event loop while five deltas are put milliseconds apart (real time,
+    not turns of the loop): it must wake for each and get them all, the last one ending the stream."""
     async def main(cls: Any) -> list:
         c, got = cls(), []
         reader = asyncio.ensure_future(_read(c))
         for i in range(5):
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.002)
             note = _put(c, "put", [[i], str(i), "length" if i == 4 else None])
             if note:
                 return got + [note]
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.002)
             if reader.done():
                 got.append(_result(reader, []))
                 if got[-1][0] != "delta" or got[-1][3] is not None:
@@ -280,14 +280,17 @@ def _wakes_the_reader(cls: Any) -> Any:
     return _in_a_loop(main, cls)
 
 
-def cases(seed: int = 0, n_random: int = 10) -> list[Case]:
+def cases(seed: int = 0, n_random: int = 10, n_random_waiting: int = 4) -> list[Case]:
+    """Every fixed script and `n_random` random ones with no reader waiting; every fixed script and
+    the first `n_random_waiting` random ones with a reader waiting (each of those runs an event loop
+    of its own, the grader's slowest cases)."""
     rng = random.Random(seed)
     scripts = list(_SCRIPTS.items()) + [(f"random script #{i}", _random_script(rng)) for i in range(n_random)]
     out = [Case(name, _play(s), _describe(s)[:200]) for name, s in scripts]
     out += [Case(f"{name} (a reader waiting)", _waiting(s), "a reader already waiting in get(): " + _describe(s)[:170])
-            for name, s in scripts]
+            for name, s in scripts[:len(_SCRIPTS) + n_random_waiting]]
     out.append(Case("a waiting reader wakes up", _wakes_the_reader,
-                    "get() awaited in an event loop while five deltas are put, a few ms apart"))
+                    "get() awaited in an event loop while five deltas are put, milliseconds apart"))
     return out
 
 
