@@ -26,7 +26,8 @@ COLAB_SET = {"torch", "numpy", "matplotlib", "ipywidgets", "ipykernel", "IPython
 # Imported only where present, each behind its own guard.
 OPTIONAL = {"triton": "the [triton] extra: the GPU kernel, imported on CUDA only",
             "myst_nb": "the book build: inflight.book.glue works without it",
-            "google": "Colab's own module, imported only on Colab"}
+            "google": "Colab's own module, imported only on Colab",
+            "tokenizers": "builds the tiny model's Hugging Face tokenizer files (train_tiny; transformers brings it)"}
 IMPORT_NAMES = {"pyyaml": "yaml", "huggingface-hub": "huggingface_hub", "pillow": "PIL"}
 
 

@@ -26,7 +26,7 @@ from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as 
 from inflight.engine.invariants import check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, text_token_ids
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
@@ -172,7 +172,7 @@ class LLMEngine:
         seq.priority = priority
         seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
         if self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         return seq
 
     def _new_request_id(self, request_id: Any) -> str:
@@ -298,7 +298,7 @@ class LLMEngine:
         if d is None:
             return None, None
         try:
-            stop = d.update(s.output_token_ids, finished=s.finish_reason is not None)
+            stop = d.update(text_token_ids(s, self.eos_token_ids), finished=s.finish_reason is not None)
         except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
             return None, f"detokenization failed ({type(exc).__name__}: {exc})"
         if stop is not None and s.finish_reason in (None, "length"):

@@ -26,7 +26,9 @@ class SamplingParams:
     64-bit integer) makes a sampled request reproducible; `priority` (a 64-bit integer) orders
     admission and preemption (lower value first, ties by arrival). `stop` (a string or a list of
     them) ends the request where its text first contains one, checked on the detokenized text (it
-    needs a tokenizer; the text ends before the stop string, as in vLLM and OpenAI's API)."""
+    needs a tokenizer; the text ends before the stop string, as in vLLM and OpenAI's API).
+    `skip_special_tokens=False` keeps special tokens' text (end-of-text written under `ignore_eos`)
+    in the output text, except the end-of-text that ended the request (as vLLM leaves it out)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -36,6 +38,7 @@ class SamplingParams:
     ignore_eos: bool = False
     priority: int = 0
     stop: Sequence[str] = field(default_factory=tuple)
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -57,6 +60,7 @@ class SamplingParams:
         self.priority = priority("priority", self.priority)
         self.ignore_eos = flag("ignore_eos", self.ignore_eos)
         self.stop = stop_strings("stop", self.stop)
+        self.skip_special_tokens = flag("skip_special_tokens", self.skip_special_tokens)
 
     @property
     def greedy(self) -> bool:

@@ -10,6 +10,7 @@ finish_reason "abort"), waits for the engine loop, and exits.
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 from typing import Any
@@ -47,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--switch-interval-ms", type=float, default=1.0,
                    help="how long a Python thread may hold the GIL while another waits (Python's default is 5): "
                         "the event loop then waits less for the engine loop's thread to write a token out")
-    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn's log level, and the server's own (fields it ignored: warning)")
     args = p.parse_args(argv)
     # a setting that would make every request fail (--max-waiting 0: all refused; an empty key) is refused
     # here, at once, before a model is loaded; the engine's own knobs are checked by LLMEngine
@@ -88,6 +90,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     from inflight.serve.api_server import build_app
     from inflight.serve.async_engine import AsyncEngine
+    from inflight.serve.framing import json_400_protocol
     from inflight.serve.metrics import ServerMetrics
     from inflight.threads import configure_threads
 
@@ -116,10 +119,21 @@ def run_server(args: argparse.Namespace) -> int:
 
     app = build_app(aengine, metrics, model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes, on_ready=ready)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
+    _log_to_stderr(args.log_level)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, http=json_400_protocol())
     server = _server(config, aengine)
     server.run(sockets=[sock])
     return 0
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own log lines (`inflight.serve`: fields it ignored) on stderr, at uvicorn's level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s:  inflight: %(message)s"))
+    log = logging.getLogger("inflight.serve")
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
 
 
 def _server(config: Any, aengine: Any) -> Any:
