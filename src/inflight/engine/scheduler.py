@@ -158,7 +158,7 @@ class Scheduler:
         while self.swapped and b.slots > 0 and b.tokens > 0:
             s = self.swapped[0]
             q, need = self.admission_cost(s, b)
-            if q == 0 or not self._fits(need, b) or not self._can_allocate(need):
+            if q == 0 or b.slots < draws(s) or not self._fits(need, b) or not self._can_allocate(need):
                 break
             self.swapped.pop(0)
             self._swap_in(s, need)
