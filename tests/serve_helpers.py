@@ -105,6 +105,13 @@ class ServerProcess(HTTPServerClient):
                 raise RuntimeError("the server did not start in time:\n" + "".join(self.output))
         self.host, self.port = self.base.removeprefix("http://").rsplit(":", 1)
         self.port = int(self.port)
+        # keep reading what it writes (log lines): a pipe nobody reads fills up and stops the server
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT_S) -> int:
         if self.proc.poll() is None:
@@ -114,6 +121,7 @@ class ServerProcess(HTTPServerClient):
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+            self._reader.join(timeout)
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the server process has used so far (Linux /proc)."""
@@ -132,6 +140,7 @@ class InProcessServer(HTTPServerClient):
 
         from inflight.serve.api_server import build_app
         from inflight.serve.async_engine import AsyncEngine
+        from inflight.serve.framing import json_400_protocol
         from inflight.serve.metrics import ServerMetrics
 
         self.model, self.engine = model_name, engine
@@ -143,7 +152,8 @@ class InProcessServer(HTTPServerClient):
         sock.listen(256)
         self.host, self.port = sock.getsockname()
         self.base = f"http://{self.host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10,
+                                                    http=json_400_protocol()))
         self.errors: list[logging.LogRecord] = []
         self._log = _Collect(self.errors)
         logging.getLogger("uvicorn.error").addHandler(self._log)

@@ -95,7 +95,6 @@ def test_sse_bytes(server):
     (b"{not json", "not valid JSON"),
     (b'{"prompt": "x", "temperature": NaN}', "NaN is not a JSON number"),
     (b'[1, 2]', "must be a JSON object"),
-    ({"prompt": "x", "max_tokens": 4, "frobnicate": 1}, "unknown field(s) 'frobnicate'"),
     ({"prompt": "x", "max_tokens": "4"}, "max_tokens must be an int"),
     ({"prompt": "x", "temperature": -1}, "temperature must be >= 0.0"),
     ({"prompt": "x", "stream": "yes"}, "stream must be a boolean"),
@@ -104,7 +103,7 @@ def test_sse_bytes(server):
     ({"prompt": "x", "max_tokens": 300, "ignore_eos": True}, "pool"),
     ({"prompt": [1, 2, 99999], "max_tokens": 4}, "vocabulary"),
     ({"prompt": "x", "stop": [""]}, "empty string"),
-    ({"prompt": "x", "n": 2}, "n must be 1"),
+    ({"prompt": "x", "n": 2}, "n=2 is not supported"),
     ({"max_tokens": 4}, "prompt is required"),
 ])
 def test_bad_requests_get_openai_errors_with_the_engines_message(server, body, words):

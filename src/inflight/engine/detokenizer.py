@@ -38,8 +38,10 @@ class IncrementalDetokenizer:
     step interrupted half-way is simply redone by the next call) and returns the stop string that
     ended the request, or None. `text(finished)` is what a client may be shown now."""
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()):
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        # (passed only when False: a tokenizer of one's own may take no such argument)
+        self._decode_kw = {} if skip_special_tokens else {"skip_special_tokens": False}
         self.stop = tuple(stop)
         self.stop_buffer = max((len(s) for s in self.stop), default=1) - 1
         self.stop_reason: str | None = None  # the stop string that ended the request
@@ -54,14 +56,14 @@ class IncrementalDetokenizer:
         n = len(output_token_ids)
         if n == self._read:
             return None
-        decoded = self.tokenizer.decode(list(output_token_ids[self._start:n]))
+        decoded = self.tokenizer.decode(list(output_token_ids[self._start:n]), **self._decode_kw)
         if decoded.endswith(REPLACEMENT) and not finished:  # an incomplete character: wait for the rest
             return None
         new = decoded[len(self._window_text):]
         start, window_text = self._start, decoded
         if n - start >= WINDOW_TOKENS:  # move the window on (one more decode, every few steps)
             start = n - CONTEXT_TOKENS
-            window_text = self.tokenizer.decode(list(output_token_ids[start:n]))
+            window_text = self.tokenizer.decode(list(output_token_ids[start:n]), **self._decode_kw)
         # (only now, when nothing can fail any more: an interrupted update is simply redone)
         self._start, self._window_text, self._read = start, window_text, n
         before = len(self.output_text)

@@ -180,7 +180,7 @@ class LLMEngine:
         seq.priority = priority
         seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
         if self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         return seq
 
     def _new_request_id(self, request_id: Any) -> str:
@@ -290,7 +290,7 @@ class LLMEngine:
         outs: list[RequestOutput] = []
         try:
             for s in heads:
-                outs.append(request_output_now(s, now, self.tokenizer))
+                outs.append(request_output_now(s, now, self.tokenizer, self.eos_token_ids))
         finally:
             if len(outs) < len(heads):  # interrupted
                 self._undelivered += [o for o in outs if o.finished] + \

@@ -22,12 +22,13 @@ def request_heads(touched: Seq[Sequence]) -> list[Sequence]:
     return list(dict.fromkeys(s if s.group is None else s.group.samples[0] for s in touched))
 
 
-def request_output_now(head: Sequence, now: float, tokenizer: Any) -> RequestOutput:
+def request_output_now(head: Sequence, now: float, tokenizer: Any, eos_token_ids: frozenset[int] = frozenset()
+                       ) -> RequestOutput:
     """The output of `head`'s request after this step's tokens; a sample whose text cannot be
     decoded ends with an error (the others go on)."""
     texts = []
     for s in request_samples(head):
-        text, error = detokenize(s, now)
+        text, error = detokenize(s, now, eos_token_ids)
         if error is not None and s.finish_reason != "error":
             fail(s, error, now)
         fill_decoded(s.logprobs, tokenizer)
@@ -36,13 +37,16 @@ def request_output_now(head: Sequence, now: float, tokenizer: Any) -> RequestOut
     return snapshot(head, texts)
 
 
-def detokenize(s: Sequence, now: float) -> tuple[str | None, str | None]:
+def detokenize(s: Sequence, now: float, eos_token_ids: frozenset[int] = frozenset()) -> tuple[str | None, str | None]:
     """(text so far, None) or (None, why it failed); a stop string in the new text ends `s`."""
     d = s.detokenizer
     if d is None:
         return None, None
+    ids = s.output_token_ids
+    if s.finish_reason == "stop" and not s.params.skip_special_tokens and ids and ids[-1] in eos_token_ids:
+        ids = ids[:-1]  # the end-of-text that ended it is not text (skipped or not, as in vLLM)
     try:
-        stop = d.update(s.output_token_ids, finished=s.finish_reason is not None)
+        stop = d.update(ids, finished=s.finish_reason is not None)
     except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
         return None, f"detokenization failed ({type(exc).__name__}: {exc})"
     if stop is not None and s.finish_reason in (None, "length"):

@@ -90,7 +90,8 @@ def fork(seq: Sequence, allocator: BlockAllocator) -> list[Sequence]:
         s.first_scheduled_time = seq.first_scheduled_time
         s.prompt_logprobs = None  # the request's are the carrier's
         if seq.detokenizer is not None:
-            s.detokenizer = type(seq.detokenizer)(seq.detokenizer.tokenizer, seq.detokenizer.stop)
+            d = seq.detokenizer
+            s.detokenizer = type(d)(d.tokenizer, d.stop, seq.params.skip_special_tokens)
         siblings.append(s)
     g.samples.extend(siblings)
     return siblings

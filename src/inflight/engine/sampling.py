@@ -39,7 +39,9 @@ class SamplingParams:
     alternatives (0: the token's own only); `prompt_logprobs=k` the same for every prompt token but
     the first, which nothing predicts. Both at most `MAX_LOGPROBS`, both computed from the model's
     raw logits — before temperature and top-p, as vLLM's default `logprobs_mode="raw_logprobs"` —
-    so they describe the model, whatever the sampling settings (`inflight.model.logprobs`)."""
+    so they describe the model, whatever the sampling settings (`inflight.model.logprobs`).
+    `skip_special_tokens=False` keeps special tokens' text (end-of-text written under `ignore_eos`)
+    in the output text, except the end-of-text that ended the request (as vLLM leaves it out)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -52,6 +54,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -77,6 +80,7 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 setattr(self, name, integer(name, getattr(self, name), minimum=0, maximum=MAX_LOGPROBS))
+        self.skip_special_tokens = flag("skip_special_tokens", self.skip_special_tokens)
 
     @property
     def greedy(self) -> bool:

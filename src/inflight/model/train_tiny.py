@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from inflight.model.llama import LlamaConfig, LlamaModel
-from inflight.model.tokenizer import ByteTokenizer
+from inflight.model.tokenizer import ByteTokenizer, write_byte_tokenizer_files
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "__pycache__"}
@@ -105,6 +105,8 @@ def save(model: LlamaModel, out: Path) -> None:
     cfg = model.config.to_hf()
     cfg["inflight_tokenizer"] = "bytes"  # tells load_tiny / load_tokenizer to use ByteTokenizer
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    # the same tokenizer as Hugging Face files, for tools that load one by path (transformers, guidellm, vLLM)
+    write_byte_tokenizer_files(out, model.config.max_position_embeddings)
     save_file(model.hf_state_dict(), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 

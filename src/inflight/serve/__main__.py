@@ -10,6 +10,7 @@ finish_reason "abort"), waits for the engine loop, and exits.
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 from typing import Any
@@ -88,6 +89,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     from inflight.serve.api_server import build_app
     from inflight.serve.async_engine import AsyncEngine
+    from inflight.serve.framing import json_400_protocol
     from inflight.serve.metrics import ServerMetrics
     from inflight.threads import configure_threads
 
@@ -116,10 +118,21 @@ def run_server(args: argparse.Namespace) -> int:
 
     app = build_app(aengine, metrics, model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes, on_ready=ready)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
+    _log_to_stderr(args.log_level)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, http=json_400_protocol())
     server = _server(config, aengine)
     server.run(sockets=[sock])
     return 0
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own log lines (`inflight.serve`: fields it ignored) on stderr, at uvicorn's level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s:  inflight: %(message)s"))
+    log = logging.getLogger("inflight.serve")
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
 
 
 def _server(config: Any, aengine: Any) -> Any:

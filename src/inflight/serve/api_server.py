@@ -15,12 +15,16 @@ A client that goes away therefore aborts its request:
 - not streaming: the handler races the answer against the connection's `http.disconnect` message
   and cancels the wait when the client leaves first (vLLM's `with_cancellation`).
 
-Every error, also a path or method that does not exist, has OpenAI's shape.
+Every error, also a path or method that does not exist, has OpenAI's shape. Fields a request
+carries that the server does not know are accepted and reported (a log line, once per distinct set
+of names, and the `inflight:request_ignored_fields_total` counter), as vLLM accepts and logs them.
+`/openapi.json` describes every endpoint's request and response bodies (`inflight.serve.openapi`).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -33,7 +37,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from inflight import checks
-from inflight.serve import protocol
+from inflight.serve import openapi, protocol, responses
 from inflight.serve.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from inflight.serve.metrics import CONTENT_TYPE, ServerMetrics
 from inflight.serve.protocol import RequestError
@@ -42,6 +46,9 @@ __all__ = ["build_app", "OpenAIServing", "DEFAULT_MAX_BODY_BYTES", "RETRY_AFTER_
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any prompt the context can hold
 RETRY_AFTER_S = 1
+#: distinct sets of ignored field names logged (a router adds the same ones to every request: one line)
+MAX_LOGGED_FIELD_SETS = 100
+logger = logging.getLogger("inflight.serve")
 
 
 def build_app(engine: AsyncEngine, metrics: ServerMetrics, *, model_name: str, api_key: str | None = None,
@@ -60,71 +67,93 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, *, model_name: str, a
         finally:
             await engine.shutdown()
 
-    app = FastAPI(title="inflight", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    created = protocol.now()
+    app = FastAPI(title="inflight", summary="An OpenAI-compatible server over the inflight engine",
+                  version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    created = responses.now()
 
     if api_key is not None:
         app.add_middleware(_RequireApiKey, key=api_key)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:  # no such path, or method
-        return _error(RequestError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+        # (with Starlette's headers: a 405 says which methods the path allows, as RFC 9110 asks)
+        return _error(RequestError(str(exc.detail), status=exc.status_code, type="invalid_request_error"),
+                      exc.headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> Response:  # a bug: logged, never a traceback out
         return _error(RequestError(f"internal server error ({type(exc).__name__})", status=500,
                                    type="internal_server_error"))
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=openapi.HEALTH)
     async def health() -> Response:
         if engine.is_running:
             return Response(status_code=200)
         return _error(RequestError(f"the engine loop is not running ({engine.dead or 'shutting down'})",
                                    status=503, type="service_unavailable"))
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "inflight", "root": model_name,
-                                            "max_model_len": engine.engine.max_model_len}]}
+    card = responses.model_card(model_name, created, engine.engine.max_model_len)
 
-    @app.get("/metrics")
+    @app.get("/v1/models", responses=openapi.MODELS)
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [card]})
+
+    # (answered here, not redirected: a client given a base URL ending in "/" asks for "/v1/models/")
+    app.add_api_route("/v1/models/", models, methods=["GET"], include_in_schema=False)
+
+    @app.get("/v1/models/{model:path}", responses=openapi.MODEL)
+    async def retrieve_model(model: str) -> Response:  # (`openai`'s client.models.retrieve)
+        if model != model_name:
+            return _error(protocol.model_not_found(model, model_name))
+        return JSONResponse(card)
+
+    @app.get("/metrics", response_class=Response, responses=openapi.METRICS)
     async def prometheus() -> Response:
         return Response(metrics.render(engine.snapshot), media_type=CONTENT_TYPE)
 
-    serving = OpenAIServing(engine, model_name, max_waiting, max_body_bytes)
+    serving = OpenAIServing(engine, model_name, max_waiting, max_body_bytes, metrics)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **openapi.generation(chat=False))
     async def completions(request: Request) -> Response:
         return await serving.create(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **openapi.generation(chat=True))
     async def chat_completions(request: Request) -> Response:
         return await serving.create(request, chat=True)
 
+    openapi.install(app, protocol.chat_roles(engine.engine.tokenizer))
     app.state.engine, app.state.metrics = engine, metrics
     return app
+
+
+def _version() -> str:
+    from inflight import __version__
+
+    return __version__
 
 
 class OpenAIServing:
     """/v1/completions and /v1/chat/completions (vLLM's `OpenAIServingCompletion` and `OpenAIServingChat`)."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, max_waiting: int | None, max_body_bytes: int):
+    def __init__(self, engine: AsyncEngine, model_name: str, max_waiting: int | None, max_body_bytes: int,
+                 metrics: ServerMetrics | None = None):
         self.engine, self.llm, self.model_name = engine, engine.engine, model_name
-        self.max_waiting, self.max_body_bytes = max_waiting, max_body_bytes
+        self.max_waiting, self.max_body_bytes, self.metrics = max_waiting, max_body_bytes, metrics
+        self._logged: set[frozenset] = set()  # the sets of ignored field names already logged
 
     async def create(self, request: Request, chat: bool) -> Response:
         arrival = time.perf_counter()
         try:
             body = protocol.parse_json(await _read_body(request, self.max_body_bytes))
             req, ids, params = self.check(body, chat)
+            self.report_ignored(req.ignored, chat)
             _admit(self.engine, self.max_waiting)
         except RequestError as exc:
             return _error(exc)
         except ClientDisconnect:  # gone before its body was whole: nobody to answer
             return Response(status_code=499)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        shape = _Shape(rid, self.model_name, protocol.now(), chat, len(ids))
+        shape = _Shape(rid, self.model_name, responses.now(), chat, len(ids))
         # queued now, with no await since the admission check: a burst of handlers each count the ones before
         deltas = self.engine.add_request(ids, params, rid, arrival)
         if req.stream:
@@ -140,8 +169,10 @@ class OpenAIServing:
         llm = self.llm
         try:
             if chat:
-                req, messages = protocol.chat_request(body, self.model_name)
-                req.prompt = protocol.render_chat(messages, llm.tokenizer)
+                req, messages = protocol.chat_request(body, self.model_name, protocol.chat_roles(llm.tokenizer))
+                req.prompt = protocol.render_chat(
+                    messages, llm.tokenizer, add_generation_prompt=req.fields.get("add_generation_prompt", True),
+                    continue_final_message=req.fields.get("continue_final_message", False))
             else:
                 req = protocol.completion_request(body, self.model_name)
             ids = checks.prompt(req.prompt, llm.config.vocab_size, llm.tokenizer)
@@ -159,6 +190,20 @@ class OpenAIServing:
         except (ValueError, TypeError) as exc:
             raise RequestError(str(exc), param=_param(str(exc), body, chat)) from None
         return req, ids, params
+
+    def report_ignored(self, names: list[str], chat: bool) -> None:
+        """Count the fields a request carried that the server does not know, and log each new set of them."""
+        if not names:
+            return
+        if self.metrics is not None:
+            self.metrics.fields_ignored(names)
+        key = frozenset(names)
+        if key not in self._logged and len(self._logged) < MAX_LOGGED_FIELD_SETS:
+            self._logged.add(key)
+            logger.warning("The following fields were present in a request to %s but ignored (this server does not "
+                           "know them; counted in inflight:request_ignored_fields_total): %s",
+                           "/v1/chat/completions" if chat else "/v1/completions",
+                           ", ".join(checks.show(n, 64) for n in names[:20]) + (" ..." if len(names) > 20 else ""))
 
 
 def _param(message: str, body: dict, chat: bool) -> str | None:
@@ -197,8 +242,9 @@ def _admit(engine: AsyncEngine, max_waiting: int | None) -> None:
                            status=503, type="service_unavailable", code="queue_full")
 
 
-def _error(exc: RequestError) -> Response:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+def _error(exc: RequestError, headers: dict | None = None) -> Response:
+    if exc.status == 503:
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
     # (ASCII-escaped: a message that quotes the client's input must not fail to encode)
     return Response(json.dumps(exc.body()), status_code=exc.status, headers=headers, media_type="application/json")
 
@@ -241,10 +287,10 @@ class _Shape:
 
     def chunk(self, text: str | None, finish: str | None, usage: dict | None = None, role: bool = False) -> str:
         if self.chat:
-            return protocol.sse(protocol.chat_object(self.rid, self.model, self.created, text, finish, usage,
-                                                     chunk=True, role=role))
-        return protocol.sse(protocol.completion_object(self.rid, self.model, self.created, text, finish, usage,
-                                                       chunk=True))
+            return responses.sse(responses.chat_object(self.rid, self.model, self.created, text, finish, usage,
+                                                       chunk=True, role=role))
+        return responses.sse(responses.completion_object(self.rid, self.model, self.created, text, finish, usage,
+                                                         chunk=True))
 
 
 async def _stream(deltas: RequestStream, shape: _Shape, req: protocol.GenerationRequest) -> AsyncIterator[str]:
@@ -256,18 +302,18 @@ async def _stream(deltas: RequestStream, shape: _Shape, req: protocol.Generation
         async for delta in deltas:
             completion += len(delta.token_ids)
             if delta.finish_reason == "error":
-                yield protocol.sse(protocol.error_body(f"the request failed: {delta.error}", "internal_server_error"))
+                yield responses.sse(responses.error_body(f"the request failed: {delta.error}", "internal_server_error"))
                 break
             if delta.text or delta.finished:
-                running = protocol.usage(shape.prompt_tokens, completion) if req.continuous_usage else None
+                running = responses.usage(shape.prompt_tokens, completion) if req.continuous_usage else None
                 yield shape.chunk(delta.text if delta.text or not shape.chat else None, delta.finish_reason, running)
         if req.include_usage:
-            yield shape.chunk(None, None, protocol.usage(shape.prompt_tokens, completion))
+            yield shape.chunk(None, None, responses.usage(shape.prompt_tokens, completion))
     except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
-        yield protocol.sse(protocol.error_body(str(exc), "internal_server_error"))
+        yield responses.sse(responses.error_body(str(exc), "internal_server_error"))
     finally:
         deltas.close()  # (cancelled or failed before the end: this aborts the request)
-    yield protocol.SSE_DONE
+    yield responses.SSE_DONE
 
 
 async def _collect(deltas: RequestStream, shape: _Shape) -> Response:
@@ -285,8 +331,8 @@ async def _collect(deltas: RequestStream, shape: _Shape) -> Response:
         return _error(RequestError(str(exc), status=500, type="internal_server_error"))
     finally:
         deltas.close()
-    usage = protocol.usage(shape.prompt_tokens, completion)
-    make = protocol.chat_object if shape.chat else protocol.completion_object
+    usage = responses.usage(shape.prompt_tokens, completion)
+    make = responses.chat_object if shape.chat else responses.completion_object
     return JSONResponse(make(shape.rid, shape.model, shape.created, "".join(text), finish, usage))
 
 

@@ -9,6 +9,7 @@ network. Each server has its own registry, so several can live in one process (t
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -16,6 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 __all__ = ["ServerMetrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: the ignored-fields counter is labelled by field name, which the client chooses: past this many
+#: names (or for a name that does not look like a field), it counts under "other", so that a client
+#: inventing names cannot grow the registry without bound
+MAX_FIELD_LABELS = 100
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_.\[\]-]{1,64}")
 # vLLM's buckets
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -52,6 +58,9 @@ class ServerMetrics:
         self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in cached tokens.")
         self._success = Counter("inflight:request_success", "Count of finished requests, by finish reason.",
                                 labels + ["finished_reason"], registry=r)
+        self._ignored = Counter("inflight:request_ignored_fields", "Request fields this server does not know, "
+                                "accepted and ignored (as vLLM does), by field.", labels + ["field"], registry=r)
+        self._ignored_names: set[str] = set()
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
@@ -96,6 +105,15 @@ class ServerMetrics:
 
     def request_finished(self, reason: str | None) -> None:
         self._success.labels(self.model_name, reason or "abort").inc()
+
+    def fields_ignored(self, names: list[str]) -> None:
+        """Count the fields a request carried that the server ignored (one each)."""
+        for name in names:
+            if name not in self._ignored_names and (len(self._ignored_names) >= MAX_FIELD_LABELS
+                                                    or not _FIELD_NAME.fullmatch(name)):
+                name = "other"
+            self._ignored_names.add(name)
+            self._ignored.labels(self.model_name, name).inc()
 
     def on_abort(self, request_id: str) -> None:
         """An aborted request (its client left, or the server is shutting down)."""
