@@ -104,7 +104,7 @@ def test_fields_frameworks_forward_by_default_are_accepted(server, name):
     ({"modalities": ["text", "audio"]}, "modalities", "it writes text only"),
     ({"no_stop_trim": True}, "no_stop_trim", "the text ends before a stop string"),
     ({"return_hidden_states": True}, "return_hidden_states", "not hidden states"),
-    ({"top_logprobs": 3}, "top_logprobs", "no log-probabilities"),
+    ({"top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
     ({"cache_salt": "s"}, "cache_salt", "no salts"),
     ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message", "cannot both be true"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
@@ -237,7 +237,7 @@ def test_the_openapi_document_describes_the_bodies(server):
     schemas = doc["components"]["schemas"]
     completion = schemas["CompletionRequest"]
     assert set(completion["properties"]) == set(fields.fields_for("completions")) and completion["required"] == ["prompt"]
-    assert "accepted" in completion["properties"]["logprobs"]["description"]  # (each field's decision, in words)
+    assert "accepted" in completion["properties"]["best_of"]["description"]  # (each field's decision, in words)
     assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "user", "assistant"]
     post = doc["paths"]["/v1/chat/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from inflight.engine.scheduler import Scheduler
     from inflight.engine.scheduler_types import SchedulerOutput
 
-__all__ = ["check_can_run", "check_samples_fit", "samples_blocks", "max_kv_tokens", "check_progress",
+__all__ = ["check_can_run", "check_samples_fit", "samples_blocks", "samples_room", "max_kv_tokens", "check_progress",
            "describe_stall", "EngineStalledError"]
 
 
@@ -55,6 +55,14 @@ def samples_blocks(n: int, num_prompt_tokens: int, max_tokens: int, max_model_le
     shared = num_prompt_tokens // block_size
     own = blocks_needed(max_kv_tokens(num_prompt_tokens, max_tokens, max_model_len), block_size) - shared
     return shared + n * own
+
+
+def samples_room(n: int, num_prompt_tokens: int, max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """The largest `max_tokens` that `n` samples of a prompt can all reach side by side in the pool
+    (sharing the prompt's full blocks) and in the context: what `check_samples_fit` accepts, at most."""
+    shared = num_prompt_tokens // block_size
+    most = (shared + (num_blocks - shared) // n) * block_size  # tokens of KV one sample may hold
+    return min(most + 1, max_model_len) - num_prompt_tokens
 
 
 def check_samples_fit(n: int, num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int,
