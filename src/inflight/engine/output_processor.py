@@ -26,15 +26,18 @@ def request_output_now(head: Sequence, now: float, tokenizer: Any, eos_token_ids
                        ) -> RequestOutput:
     """The output of `head`'s request after this step's tokens; a sample whose text cannot be
     decoded ends with an error (the others go on)."""
+    samples = request_samples(head)
     texts = []
-    for s in request_samples(head):
+    for s in samples:
         text, error = detokenize(s, now, eos_token_ids)
         if error is not None and s.finish_reason != "error":
             fail(s, error, now)
-        fill_decoded(s.logprobs, tokenizer)
+        if s.logprobs is not None:
+            fill_decoded(s.logprobs, tokenizer)
         texts.append(text)
-    fill_decoded(head.prompt_logprobs, tokenizer)
-    return snapshot(head, texts)
+    if head.prompt_logprobs is not None:
+        fill_decoded(head.prompt_logprobs, tokenizer)
+    return request_output(samples, texts, head.params.n)
 
 
 def detokenize(s: Sequence, now: float, eos_token_ids: frozenset[int] = frozenset()) -> tuple[str | None, str | None]:

@@ -117,8 +117,16 @@ def request_output(samples: Seq["Sequence"], texts: Seq[str | None], n: int = 1)
     """A snapshot of a request from its samples (sample 0 first) and their texts. Before the fork
     there is only sample 0; a request that ends then (aborted, or failed) reports its `n` samples
     all ended the same way, with no tokens."""
+    first = samples[0]
+    if n == 1:  # the common case, on every step's path: the request is its one sample
+        head = completion_output(first, texts[0])
+        return RequestOutput(first.request_id, first.prompt_token_ids, head.token_ids, head.text, head.finish_reason,
+                             head.finish_reason is not None, first.arrival_time, head.first_token_time,
+                             head.finish_time, head.token_times, first.num_preemptions, first.num_cached_tokens,
+                             head.error, first.first_scheduled_time, head.stop_reason, [head],
+                             None if first.prompt_logprobs is None else list(first.prompt_logprobs))
     outs = [completion_output(s, t) for s, t in zip(samples, texts)]
-    first, head = samples[0], outs[0]
+    head = outs[0]
     for i in range(len(outs), n):  # (only a request that ended before its fork)
         outs.append(CompletionOutput(i, None if head.text is None else "", [], head.finish_reason, None,
                                      None if first.logprobs is None else 0.0, None if first.logprobs is None else [],

@@ -58,6 +58,8 @@ def expand_draws(seqs: Seq[Sequence]) -> tuple[list[int], list[Any], list[Any]]:
     """One entry per token a step draws from the rows of `seqs` (in order): the row it is drawn
     from, the sampling parameters and the random stream. A carrier about to fork draws `n` times
     from its one row, sample i from `generators[i]`."""
+    if all(s.group is None for s in seqs):  # the common case: one draw per row
+        return list(range(len(seqs))), [s.params for s in seqs], [s.generator for s in seqs]
     rows: list[int] = []
     params: list[Any] = []
     generators: list[Any] = []
@@ -69,9 +71,10 @@ def expand_draws(seqs: Seq[Sequence]) -> tuple[list[int], list[Any], list[Any]]:
     return rows, params, generators
 
 
-def fork(seq: Sequence, allocator: BlockAllocator) -> list[Sequence]:
+def fork(seq: Sequence, allocator: BlockAllocator, running: list[Sequence]) -> list[Sequence]:
     """Samples 1..n-1 of the carrier `seq`, whose prompt has just been computed: each a copy of it
-    as it is now, holding the same blocks (every block gets one more reference per sample)."""
+    as it is now, holding the same blocks (every block gets one more reference per sample). They
+    join `running` right after `seq`."""
     g = seq.group
     assert g is not None and not g.forked and seq.index == 0, "only an unforked carrier forks"
     siblings = []
@@ -94,16 +97,16 @@ def fork(seq: Sequence, allocator: BlockAllocator) -> list[Sequence]:
             s.detokenizer = type(d)(d.tokenizer, d.stop, seq.params.skip_special_tokens)
         siblings.append(s)
     g.samples.extend(siblings)
+    at = running.index(seq) + 1
+    running[at:at] = siblings
     return siblings
 
 
 def write_cost(allocator: BlockAllocator, s: Sequence) -> int:
     """Blocks `s` must be given before its scheduled tokens are written: the new blocks they spill
     into, plus one if the block of its first new token is shared (copy-on-write)."""
-    bs = allocator.block_size
-    c = s.num_computed_tokens
-    grow_by = blocks_needed(c + s.num_scheduled_tokens, bs) - len(s.block_table)
-    return max(grow_by, 0) + shares_write_block(allocator, s)
+    grow_by = blocks_needed(s.num_computed_tokens + s.num_scheduled_tokens, allocator.block_size) - len(s.block_table)
+    return max(grow_by, 0) + (s.group is not None and shares_write_block(allocator, s))
 
 
 def shares_write_block(allocator: BlockAllocator, s: Sequence) -> bool:
@@ -116,7 +119,7 @@ def grow(allocator: BlockAllocator, s: Sequence, copy_blocks: Callable[[list[tup
     """Give `s` the blocks its scheduled tokens are written into: a private copy of a shared block
     it writes into first (its keys and values copied by `copy_blocks` now, before any forward pass
     writes), then the new blocks past its table's end."""
-    if s.group is not None:
+    if s.group is not None:  # (only samples share blocks they write into)
         pair = copy_on_write(allocator, s.block_table, s.num_computed_tokens)
         if pair is not None:
             copy_blocks([pair])

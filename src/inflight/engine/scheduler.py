@@ -13,13 +13,16 @@ Each step is its own short method so the book can show it and an exercise can re
                them for nobody, so the head of the queue may use the whole pool. That is what
                makes the submission rule (`inflight.engine.liveness`) enough: every request that
                fits the pool can start, and so every accepted request makes progress.
-4. `preempt` — give every running request the blocks its next tokens need; when the pool is dry,
-               evict the lowest-priority (latest-arrived) running request by recompute or swap.
+4. `preempt` — give every running request the blocks its next tokens need (a sample first gets its
+               own copy of a block it shares: copy-on-write, `inflight.engine.parallel_sampling`);
+               when the pool is dry, evict the lowest-priority (latest-arrived) running request by
+               recompute or swap.
 5. decode    — `batch()` describes the ragged batch (prefill chunks + decode tokens) for the model,
                and `update()` advances every request by what the forward pass computed.
 
-The scheduler knows nothing about tensors: swapping goes through a `swapper` (two callbacks), so
-the same code drives the real engine and the simulated KV pool of the chapter's exercise.
+The scheduler knows nothing about tensors: swapping goes through a `swapper` (two callbacks) and
+copy-on-write through `copy_blocks`, so the same code drives the real engine and the simulated KV
+pool of the chapter's exercise.
 vLLM's counterpart is `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`).
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ from inflight.engine.budget import Budget, BudgetInputs, PlannedRequest, compute
 from inflight.engine.invariants import check_scheduler
 from inflight.engine.liveness import check_can_run
 from inflight.engine.logprobs import StepLogprobs, record_prompt, record_sampled, wants_prompt_logprobs
-from inflight.engine.parallel_sampling import draws, fork, grow, shares_write_block, write_cost
+from inflight.engine.parallel_sampling import draws, fork, grow, request_samples, shares_write_block, write_cost
 from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
 from inflight.engine.scheduler_types import NoCopy, SchedulerConfig, SchedulerOutput, StepEvents, Swapper
@@ -137,11 +140,12 @@ class Scheduler:
         # a shared block a sample writes into first is not one it can write: its copy is a new block
         alloc = self.allocator
         plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table)
-                                    - (s.num_scheduled_tokens > 0 and shares_write_block(alloc, s)))
+                                    - (s.group is not None and s.num_scheduled_tokens > 0
+                                       and shares_write_block(alloc, s)))
                      for s in self.running)
         b = compute(BudgetInputs(plan, alloc.num_free, self.block_size, cfg.watermark_blocks,
                                  cfg.max_batched_tokens, cfg.max_batch_size))
-        reserved = sum(draws(s) - 1 for s in self.running)  # slots of samples a carrier will fork into
+        reserved = sum(draws(s) - 1 for s in self.running if s.group is not None)  # slots of samples to fork
         b = Budget(b.blocks, b.tokens, b.slots - reserved, cfg.watermark_blocks)  # a copy: a learner's stays theirs
         self.events.budget = b
         return b
@@ -243,7 +247,9 @@ class Scheduler:
         """Allocate the blocks each running request's scheduled tokens need; when the pool runs dry,
         preempt the lowest-priority (latest-arrived) running request until the rest fit."""
         alloc = self.allocator
-        needs = [(s, write_cost(alloc, s)) for s in self.running if s.num_scheduled_tokens]
+        needs = [(s, write_cost(alloc, s) if s.group is not None else  # (a sample may need a copy too)
+                  blocks_needed(s.num_computed_tokens + s.num_scheduled_tokens, self.block_size) - len(s.block_table))
+                 for s in self.running if s.num_scheduled_tokens]
         needs = [(s, n) for s, n in needs if n > 0]
         victims: list[Sequence] = []
         if sum(n for _, n in needs) <= alloc.num_free:  # the common case: everything fits
@@ -321,13 +327,11 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: Iterable[int], now: float,
                errors: Mapping[int, str] | None = None, logprobs: StepLogprobs | None = None) -> list[Sequence]:
         """After the forward pass: count the computed tokens and append one sampled token to each
-        request whose prefill is complete (`sampled` has one id per draw, in batch order: one per
-        such request, `n` for a carrier whose prompt is now in, which forks into its samples here).
-
-        `errors[k]` says why the k-th draw gave no token (its sampling failed): that sample ends
-        with finish_reason "error" and that message, and the others go on. A stop check that fails
-        ends its own request the same way. `logprobs` holds what the step computed for the requests
-        that asked for log-probabilities (`inflight.engine.logprobs`)."""
+        request whose prefill is complete (`sampled`: one id per draw, in batch order — `n` for a
+        carrier whose prompt is now in, which forks into its samples here), with its log-probability
+        if asked (`logprobs`, `inflight.engine.logprobs`). `errors[k]` says why the k-th draw gave no
+        token: that sample ends with finish_reason "error" and the message, the others go on (so
+        does a stop check that fails)."""
         it = iter(sampled)
         touched = []
         k = -1
@@ -339,12 +343,14 @@ class Scheduler:
                 cache_full_blocks(self.allocator, s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
-            tokens = [next(it) for _ in range(draws(s))]
+            tokens = [next(it)] if s.group is None else [next(it) for _ in range(draws(s))]
             if s.finish_reason is not None:  # decoding a request that had already finished: wasted work
                 self.events.wasted_tokens += len(tokens)
                 k += len(tokens)
                 continue
-            samples = [s] if len(tokens) == 1 else [s] + self._fork(s)
+            if len(tokens) > 1:  # the prompt is in: its request's other samples join, sharing its blocks
+                self.events.forked.extend(fork(s, self.allocator, self.running))
+            samples = request_samples(s) if len(tokens) > 1 else [s]
             for sample, token in zip(samples, tokens):
                 k += 1
                 if errors and k in errors:
@@ -354,14 +360,6 @@ class Scheduler:
                     record_sampled(sample, logprobs.sampled.get(k) if logprobs is not None else None)
                 touched.append(sample)
         return touched
-
-    def _fork(self, s: Sequence) -> list[Sequence]:
-        """`s`'s prompt is in: its request's other samples join the batch right after it, sharing its blocks."""
-        siblings = fork(s, self.allocator)
-        at = self.running.index(s) + 1
-        self.running[at:at] = siblings
-        self.events.forked.extend(siblings)
-        return siblings
 
     def release_unused(self, out: SchedulerOutput) -> None:
         """After a forward pass that raised: give back the blocks allocated for tokens that were not
