@@ -181,8 +181,9 @@ class SetsReadyEveryPut:
         if isinstance(self.output, BaseException):
             return
         if isinstance(self.output, StreamDelta) and isinstance(item, StreamDelta):
+            ended = item if item.finish_reason is not None else self.output
             item = StreamDelta(self.output.token_ids + item.token_ids, self.output.text + item.text,
-                               item.finish_reason)
+                               ended.finish_reason, ended.error)
         self.output = item
         self.ready.set()
 

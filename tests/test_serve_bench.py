@@ -50,6 +50,7 @@ def test_a_chunk_of_k_tokens_is_k_arrivals_at_once():
         n, last = _take_chunk(chunk, res, text, n, now, last)
     assert n == 5 and res.ttft == pytest.approx(0.10) and res.prompt_len == 5
     assert res.itl == pytest.approx([0.20, 0.0, 0.0, 0.05])  # the stall shows once, then the tokens that waited
+    assert res.chunk_itl == pytest.approx([0.20, 0.05])  # `vllm bench serve`'s count: one gap per chunk
     assert "".join(text) == "abcde" and res.finish_reason == "length"
 
 
@@ -76,5 +77,22 @@ def test_metrics_and_goodput():
     assert [is_good(r, {"ttft": 300, "tpot": 120}) for r in results] == [True, False, True, False]
     assert m["request_goodput"] == pytest.approx(1.0)
     assert m["median_ttft_ms"] == pytest.approx(200) and m["mean_tpot_ms"] == pytest.approx(100)
-    assert {"p50_itl_ms", "p99_itl_ms", "std_e2el_ms", "ttfts", "itls", "errors"} <= set(m)
+    assert {"p50_itl_ms", "p99_itl_ms", "std_e2el_ms", "ttfts", "itls", "errors", "p99_chunk_itl_ms",
+            "chunk_itls"} <= set(m)
     assert calculate_metrics(results, 2.0)["request_goodput"] is None  # no objectives: no goodput
+
+
+def test_the_load_explorer_draws_runs_whose_per_token_itl_median_is_zero():
+    """Under load a chunk carries several tokens, and the per-token ITL (one gap, then zeros) has a
+    median of 0: the explorer's log axis must still be drawn (chapter 9 once failed on it)."""
+    pytest.importorskip("ipywidgets")
+    from inflight.book import explore_load
+    from inflight.book.widgets import check_redraw
+
+    rows = []
+    for rate in (4.0, 64.0):
+        results = [RequestResult(success=True, output_len=9, ttft=0.05, itl=[0.02, 0, 0, 0, 0.03, 0, 0, 0], chunk_itl=[0.02, 0.03],
+                                 latency=0.1, start_time=i / rate) for i in range(8)]
+        rows.append({"rate": rate, **calculate_metrics(results, duration=8 / rate)})
+    assert rows[-1]["median_itl_ms"] == 0 and rows[-1]["median_chunk_itl_ms"] > 0
+    assert "redraws" in check_redraw(explore_load.load_live(rows))

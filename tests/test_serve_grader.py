@@ -43,8 +43,9 @@ class Rewrite:
             raise error
         if not parts:
             return None
+        ends = [p for p in parts if p.finish_reason is not None]  # (the newest ending, with its message)
         return StreamDelta([t for p in parts for t in p.token_ids], "".join(p.text for p in parts),
-                           parts[-1].finish_reason)
+                           ends[-1].finish_reason if ends else None, ends[-1].error if ends else None)
 
     async def get(self):
         while self.output is None:
@@ -143,3 +144,171 @@ def test_a_put_that_waits_for_the_reader_is_stopped(monkeypatch):
 def test_slow_reader_demo_gets_every_token_in_a_few_reads():
     demo = slow_reader_demo(RequestOutputCollector, steps=100, read_every=10)
     assert demo == {"steps": 100, "reads": 10, "tokens_received": 100, "in_order": True}
+
+
+# --- the mistakes of the held-out review (issue 30): each written as a learner would ------------------
+class SilentError(Reference):  # an exception put without setting ready: a waiting reader never hears it
+    def put(self, item):
+        if isinstance(self.output, BaseException):
+            return
+        if isinstance(item, BaseException):
+            self.output = item
+        elif self.output is None:
+            self.output = item
+            self.ready.set()
+        elif isinstance(self.output, StreamDelta):
+            self.output = StreamDelta(self.output.token_ids + item.token_ids, self.output.text + item.text,
+                                      item.finish_reason or self.output.finish_reason,
+                                      item.error if item.finish_reason else self.output.error)
+
+
+class AsyncPut(Reference):
+    async def put(self, item):
+        super().put(item)
+
+
+class HandsBackTheError(Reference):
+    def get_nowait(self):
+        out = self.output
+        self.output = None
+        self.ready.clear()
+        return out
+
+
+class OneBuffer(Reference):  # merges every delta into one buffer it also hands to the reader
+    def __init__(self):
+        super().__init__()
+        self.buffer = StreamDelta()
+
+    def put(self, item):
+        if isinstance(item, BaseException) or isinstance(self.output, BaseException):
+            return super().put(item)
+        self.buffer.token_ids += item.token_ids
+        self.buffer.text += item.text
+        if item.finish_reason:
+            self.buffer.finish_reason, self.buffer.error = item.finish_reason, item.error
+        self.output = self.buffer
+        self.ready.set()
+
+
+PENDING = StreamDelta()
+
+
+class ModuleLevelDelta(Reference):  # every collector merges into the same module-level delta
+    def put(self, item):
+        if isinstance(item, BaseException) or isinstance(self.output, BaseException):
+            return super().put(item)
+        if self.output is None:
+            PENDING.token_ids, PENDING.text, PENDING.finish_reason, PENDING.error = [], "", None, None
+        PENDING.token_ids.extend(item.token_ids)
+        PENDING.text += item.text
+        PENDING.finish_reason = item.finish_reason or PENDING.finish_reason
+        PENDING.error = item.error or PENDING.error
+        self.output = PENDING
+        self.ready.set()
+
+
+class KeepsNewIds(Reference):  # text merged, token ids replaced
+    def put(self, item):
+        if isinstance(self.output, StreamDelta) and isinstance(item, StreamDelta):
+            ids = list(item.token_ids)
+            super().put(item)
+            self.output.token_ids = ids
+        else:
+            super().put(item)
+
+
+class NoneOverwrites(Reference):  # the pre-issue-30 reading: the newer finish_reason always wins
+    def put(self, item):
+        if isinstance(self.output, StreamDelta) and isinstance(item, StreamDelta):
+            self.output.token_ids.extend(item.token_ids)
+            self.output.text += item.text
+            self.output.finish_reason, self.output.error = item.finish_reason, item.error
+        else:
+            super().put(item)
+
+
+class ForgetsWhy(Reference):
+    def put(self, item):
+        if isinstance(self.output, StreamDelta) and isinstance(item, StreamDelta):
+            self.output.token_ids += item.token_ids
+            self.output.text += item.text
+            if item.finish_reason is not None:
+                self.output.finish_reason = item.finish_reason
+        else:
+            super().put(item)
+
+
+class NewestError(Reference):
+    def put(self, item):
+        if isinstance(item, BaseException):
+            self.output = item
+            self.ready.set()
+        else:
+            super().put(item)
+
+
+@pytest.mark.parametrize("cls, mistake", [
+    (SilentError, "an error does not wake the reader"),
+    (AsyncPut, "put() is async"),
+    (HandsBackTheError, "the error is returned, not raised"),
+    (OneBuffer, "merging into a shared delta"),
+    (ModuleLevelDelta, "merging into a shared delta"),
+    (KeepsNewIds, "only the newest token_ids are kept"),
+    (NoneOverwrites, "a later None undoes the end"),
+    (ForgetsWhy, "the failure message is dropped"),
+    (NewestError, "a second error replaces the first"),
+])
+def test_the_reviews_mistakes_are_failed_and_named(cls, mistake):
+    res = check_output_collector(cls, quiet=True)
+    assert not res and res.mistake == mistake, res.report
+    assert "ready is never cleared" not in res.report or mistake == "ready is never cleared"
+
+
+class FreshEvent(Reference):  # "sets" ready by making a new, set Event: a waiting reader waits on the old one
+    def put(self, item):
+        if isinstance(self.output, BaseException):
+            return
+        if self.output is None or isinstance(item, BaseException):
+            self.output = item
+            self.ready = asyncio.Event()
+            self.ready.set()
+        else:
+            self.output.token_ids += item.token_ids
+            self.output.text += item.text
+            if item.finish_reason:
+                self.output.finish_reason, self.output.error = item.finish_reason, item.error
+
+
+class SharedIds(Reference):  # the token ids live in a class attribute: every collector appends to one list
+    ids: list = []
+
+    def put(self, item):
+        if isinstance(item, BaseException) or isinstance(self.output, BaseException):
+            return super().put(item)
+        if self.output is None:
+            type(self).ids = []
+        type(self).ids += item.token_ids
+        text = (self.output.text if self.output else "") + item.text
+        ended = item if item.finish_reason else (self.output or item)
+        self.output = StreamDelta(list(type(self).ids), text, ended.finish_reason, ended.error)
+        self.ready.set()
+
+
+def test_a_put_that_wakes_no_waiting_reader_fails_only_with_a_reader_waiting():
+    """The false accept closed as a class: every case passes with get_nowait() (and `ready` reads
+    set), and the same scripts fail with a reader waiting in get()."""
+    res = check_output_collector(FreshEvent, quiet=True)
+    assert not res and res.failed_case.endswith("(a reader waiting)"), res.report
+    assert res.mistake == "a new Event for ready", res.report
+
+
+def test_ids_shared_between_collectors_are_named():
+    res = check_output_collector(SharedIds, quiet=True)
+    assert not res and res.failed_case.startswith("two requests"), res.report
+    assert res.mistake == "one delta shared by every collector", res.report
+
+
+def test_async_put_leaves_no_never_awaited_warning(recwarn):
+    check_output_collector(AsyncPut, quiet=True)
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]

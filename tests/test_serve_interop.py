@@ -238,7 +238,7 @@ def test_the_openapi_document_describes_the_bodies(server):
     completion = schemas["CompletionRequest"]
     assert set(completion["properties"]) == set(fields.fields_for("completions")) and completion["required"] == ["prompt"]
     assert "accepted" in completion["properties"]["best_of"]["description"]  # (each field's decision, in words)
-    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "user", "assistant"]
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
     post = doc["paths"]["/v1/chat/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
     assert {"200", "400", "404", "413", "500", "503"} <= set(post["responses"])

@@ -100,7 +100,9 @@ class LiveLoad:
         right.set_xscale("log")
         right.set_yscale("log")
         right.set_xticks(rates, [f"{x:.3g}" for x in rates])
-        lo, hi = min(values) / 1.3, max(values) * 1.3
+        # (a log axis shows no zero: the per-token ITL median is 0 when chunks carry several tokens each)
+        shown = [v for v in values if v > 0] or [1.0]
+        lo, hi = min(shown) / 1.3, max(shown) * 1.3
         right.set_ylim(lo, hi)
         right.set_yticks(log_ticks(lo, hi), [f"{t:g}" for t in log_ticks(lo, hi)])  # no mathtext: it is slow to draw
         right.minorticks_off()

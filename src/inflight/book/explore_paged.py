@@ -5,7 +5,7 @@ A small chat workload (the chapter's, at a quarter of its lengths: prompts of 4â
 exponential with mean 12, capped at 64) runs through a pool of 512 KV slots with the engine's own
 scheduler and `BlockAllocator` (`inflight.sim.kv_sim`, as the chapter's utilization figures):
 whole prompts are written at admission, one token per step after, blocks come back at the reap,
-and when the pool runs dry the youngest request is preempted. The picture is the pool after one
+and when the pool runs dry the latest arrival is preempted. The picture is the pool after one
 step, slot by slot in rows of 32: a slot that holds a token in its request's colour, a slot that
 is reserved but still empty in pink, a free slot in grey, the blocks outlined. Beside it, the
 requests in memory at every step, for every layout.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["IncrementalDetokenizer", "WINDOW_TOKENS", "CONTEXT_TOKENS"]
+__all__ = ["IncrementalDetokenizer", "text_token_ids", "WINDOW_TOKENS", "CONTEXT_TOKENS"]
 
 #: the window restarts once it holds this many decoded tokens ...
 WINDOW_TOKENS = 32
@@ -89,3 +89,13 @@ class IncrementalDetokenizer:
         if finished or not self.stop_buffer:
             return self.output_text
         return self.output_text[:max(0, len(self.output_text) - self.stop_buffer)]
+
+
+def text_token_ids(seq: Any, eos_token_ids: frozenset[int]) -> Sequence[int]:
+    """The generated tokens whose text the request shows: all of them, except the end-of-text that
+    ended it, which is no text even where special tokens are kept (`skip_special_tokens=False`),
+    as vLLM leaves the stop token out."""
+    ids = seq.output_token_ids
+    if seq.finish_reason == "stop" and not seq.params.skip_special_tokens and ids and ids[-1] in eos_token_ids:
+        return ids[:-1]
+    return ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence as Seq
 
+from inflight.engine.detokenizer import text_token_ids
 from inflight.engine.logprobs import fill_decoded
 from inflight.engine.outputs import RequestOutput, request_output
 from inflight.engine.parallel_sampling import request_samples
@@ -45,11 +46,8 @@ def detokenize(s: Sequence, now: float, eos_token_ids: frozenset[int] = frozense
     d = s.detokenizer
     if d is None:
         return None, None
-    ids = s.output_token_ids
-    if s.finish_reason == "stop" and not s.params.skip_special_tokens and ids and ids[-1] in eos_token_ids:
-        ids = ids[:-1]  # the end-of-text that ended it is not text (skipped or not, as in vLLM)
     try:
-        stop = d.update(ids, finished=s.finish_reason is not None)
+        stop = d.update(text_token_ids(s, eos_token_ids), finished=s.finish_reason is not None)
     except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
         return None, f"detokenization failed ({type(exc).__name__}: {exc})"
     if stop is not None and s.finish_reason in (None, "length"):

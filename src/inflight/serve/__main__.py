@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--switch-interval-ms", type=float, default=1.0,
                    help="how long a Python thread may hold the GIL while another waits (Python's default is 5): "
                         "the event loop then waits less for the engine loop's thread to write a token out")
-    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn's log level, and the server's own (fields it ignored: warning)")
     args = p.parse_args(argv)
     # a setting that would make every request fail (--max-waiting 0: all refused; an empty key) is refused
     # here, at once, before a model is loaded; the engine's own knobs are checked by LLMEngine

@@ -76,16 +76,7 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, *, model_name: str, a
     if api_key is not None:
         app.add_middleware(_RequireApiKey, key=api_key)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:  # no such path, or method
-        # (with Starlette's headers: a 405 says which methods the path allows, as RFC 9110 asks)
-        return _error(RequestError(str(exc.detail), status=exc.status_code, type="invalid_request_error"),
-                      exc.headers)
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> Response:  # a bug: logged, never a traceback out
-        return _error(RequestError(f"internal server error ({type(exc).__name__})", status=500,
-                                   type="internal_server_error"))
+    _error_handlers(app)
 
     @app.get("/health", response_class=Response, responses=openapi.HEALTH)
     async def health() -> Response:
@@ -94,20 +85,7 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, *, model_name: str, a
         return _error(RequestError(f"the engine loop is not running ({engine.dead or 'shutting down'})",
                                    status=503, type="service_unavailable"))
 
-    card = responses.model_card(model_name, created, engine.engine.max_model_len)
-
-    @app.get("/v1/models", responses=openapi.MODELS)
-    async def models() -> Response:
-        return JSONResponse({"object": "list", "data": [card]})
-
-    # (answered here, not redirected: a client given a base URL ending in "/" asks for "/v1/models/")
-    app.add_api_route("/v1/models/", models, methods=["GET"], include_in_schema=False)
-
-    @app.get("/v1/models/{model:path}", responses=openapi.MODEL)
-    async def retrieve_model(model: str) -> Response:  # (`openai`'s client.models.retrieve)
-        if model != model_name:
-            return _error(protocol.model_not_found(model, model_name))
-        return JSONResponse(card)
+    _model_routes(app, responses.model_card(model_name, created, engine.engine.max_model_len))
 
     @app.get("/metrics", response_class=Response, responses=openapi.METRICS)
     async def prometheus() -> Response:
@@ -126,6 +104,38 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, *, model_name: str, a
     openapi.install(app, protocol.chat_roles(engine.engine.tokenizer))
     app.state.engine, app.state.metrics = engine, metrics
     return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: no such path or method, and a bug (logged, never a traceback out)."""
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:  # no such path, or method
+        # (with Starlette's headers: a 405 says which methods the path allows, as RFC 9110 asks)
+        return _error(RequestError(str(exc.detail), status=exc.status_code, type="invalid_request_error"),
+                      exc.headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> Response:  # a bug: logged, never a traceback out
+        return _error(RequestError(f"internal server error ({type(exc).__name__})", status=500,
+                                   type="internal_server_error"))
+
+
+def _model_routes(app: FastAPI, card: dict) -> None:
+    """/v1/models, and /v1/models/{model} for the one model `card` describes."""
+
+    @app.get("/v1/models", responses=openapi.MODELS)
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [card]})
+
+    # (answered here, not redirected: a client given a base URL ending in "/" asks for "/v1/models/")
+    app.add_api_route("/v1/models/", models, methods=["GET"], include_in_schema=False)
+
+    @app.get("/v1/models/{model:path}", responses=openapi.MODEL)
+    async def retrieve_model(model: str) -> Response:  # (`openai`'s client.models.retrieve)
+        if model != card["id"]:
+            return _error(protocol.model_not_found(model, card["id"]))
+        return JSONResponse(card)
 
 
 def _version() -> str:

@@ -122,7 +122,7 @@ _NUM, _INT, _BOOL, _STR = Optional[float], Optional[int], Optional[bool], Option
 _STOP = Optional[Union[str, list[str]]]
 _PROMPT = Union[str, list[int], list[str], list[list[int]]]
 _TOOL_CHOICE = Optional[Union[str, dict[str, Any]]]
-_OPEN = "OpenAI honours it"
+_OPEN = "honours it"
 _VLLM = "honours it"
 _NOT_OPENAI, _NOT_VLLM = "not in OpenAI's API", "ignores it (logged)"
 _SG = "not in OpenAI's API (SGLang's; vllm-router sends it)"
@@ -160,9 +160,9 @@ FIELDS: tuple[Param, ...] = (
        endpoints=(CHAT,), bounds={"minimum": 0, "maximum": MAX_LOGPROBS}),
     _p("echo", _BOOL, HONOURED, "completions: the prompt before the answer (with logprobs: its tokens' too)",
        _VLLM, "honoured, the prompt's log-probabilities with logprobs", endpoints=(COMPLETIONS,)),
-    _p("best_of", _INT, NEUTRAL_ONLY, "completions: best of n", _VLLM, "it samples one completion",
+    _p("best_of", _INT, NEUTRAL_ONLY, "completions: best of n", "V1: only 1", "it samples one completion",
        endpoints=(COMPLETIONS,), neutral=(None, 1)),
-    _p("suffix", _STR, NEUTRAL_ONLY, "completions: text after the insertion", "a 400", "it does not insert",
+    _p("suffix", _STR, NEUTRAL_ONLY, "completions: text after the insertion", "refuses it (400)", "it does not insert",
        endpoints=(COMPLETIONS,), neutral=(None, "")),
     _p("logit_bias", Optional[dict[str, float]], NEUTRAL_ONLY, _OPEN, _VLLM, "it does not bias tokens",
        neutral=(None, {})),
@@ -193,7 +193,7 @@ FIELDS: tuple[Param, ...] = (
     _p("metadata", Optional[dict[str, str]], ACCEPTED, "tags for stored completions", _NOT_VLLM, "keeps nothing",
        endpoints=(CHAT,)),
     _p("service_tier", _STR, ACCEPTED, "a processing tier", _NOT_VLLM, "one tier", endpoints=(CHAT,)),
-    _p("reasoning_effort", _STR, ACCEPTED, "for reasoning models", "passed to the chat template",
+    _p("reasoning_effort", _STR, ACCEPTED, "for reasoning models", "accepts low, medium, high",
        "the model does not reason", endpoints=(CHAT,)),
     _p("prompt_cache_key", _STR, ACCEPTED, "a prompt-caching hint", _NOT_VLLM, "prefix caching needs no key",
        endpoints=(CHAT,)),
@@ -209,6 +209,8 @@ FIELDS: tuple[Param, ...] = (
     _p("continue_final_message", _BOOL, HONOURED, _NOT_OPENAI, _VLLM, "honoured", endpoints=(CHAT,)),
     _p("add_special_tokens", _BOOL, NEUTRAL_ONLY, _NOT_OPENAI, _VLLM, "it adds the model's own (BOS first)",
        endpoints=(COMPLETIONS,), neutral=(None, True)),
+    _p("add_special_tokens", _BOOL, NEUTRAL_ONLY, _NOT_OPENAI, _VLLM, "the chat template adds them",
+       endpoints=(CHAT,), neutral=(None, False)),
     _p("top_k", _INT, NEUTRAL_ONLY, _NOT_OPENAI, _VLLM, "it samples with temperature and top_p",
        neutral=(None, -1, 0)),
     _p("min_p", _NUM, NEUTRAL_ONLY, _NOT_OPENAI, _VLLM, "it samples with temperature and top_p", neutral=(None, 0)),
@@ -248,8 +250,7 @@ def field_table() -> tuple[list[str], list[list[str]]]:
     where = {BOTH: "both", (COMPLETIONS,): "completions", (CHAT,): "chat"}
     rows = []
     for p in FIELDS:
-        here = p.ours if p.does == HONOURED else f"{p.does}: {p.ours}"
-        if p.does == NEUTRAL_ONLY:
-            here += f" ({', '.join(json.dumps(v) for v in p.neutral)})"
+        here = {HONOURED: p.ours, ACCEPTED: f"accepted: {p.ours}",
+                NEUTRAL_ONLY: f"only {' or '.join(json.dumps(v) for v in p.neutral)}: {p.ours}"}[p.does]
         rows.append([p.name, where[p.endpoints], p.openai, p.vllm, here])
     return ["field", "endpoint", "OpenAI", "vLLM", "this server"], rows

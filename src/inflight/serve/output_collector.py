@@ -4,8 +4,8 @@ own pace (vLLM's `RequestOutputCollector`, `vllm/v1/engine/output_processor.py`)
 The engine loop produces, after every step, a `StreamDelta` for each request that got new tokens.
 It must never wait for a client: one slow reader would then slow every request in the batch. So
 each request has a collector with room for exactly one pending delta. `put` never blocks: if the
-reader has not taken the last delta yet, the new one is *merged* into it (tokens and text appended,
-the newer finish reason kept). A slow reader then costs memory bounded by its own request's tokens,
+reader has not taken the last delta yet, the new one is *merged* into it (tokens and text appended;
+the newer delta's finish reason and error kept when it has one: a request that ended stays ended). A slow reader then costs memory bounded by its own request's tokens,
 and when it reads it gets everything that came since, in one piece. The reader `await`s `get()`,
 which waits on an `asyncio.Event` that `put` sets.
 
@@ -46,8 +46,8 @@ class StreamDelta:
         """Take in the delta that came after this one (an unread delta absorbs the next)."""
         self.token_ids.extend(later.token_ids)
         self.text += later.text
-        self.finish_reason = later.finish_reason
-        self.error = later.error
+        if later.finish_reason is not None:  # (a delta that did not end the request changes no ending)
+            self.finish_reason, self.error = later.finish_reason, later.error
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
         if self.prompt_logprobs is None:
@@ -69,8 +69,11 @@ class RequestOutputCollector:
         self.ready = asyncio.Event()
 
     def put(self, item: StreamDelta | BaseException) -> None:
-        """Hand over a delta (or an error); never waits. An unread delta absorbs the new one; an
-        error replaces whatever is pending (nothing after it matters)."""
+        """Hand over a delta (or an error); never waits. An unread delta absorbs the new one (in
+        place: once put, a delta is the collector's); an error replaces a pending delta, and
+        nothing after an error matters (a second error neither: the first is the cause)."""
+        if isinstance(self.output, BaseException):
+            return
         if self.output is None or isinstance(item, BaseException):
             self.output = item
             self.ready.set()

@@ -35,9 +35,10 @@ DEFAULT_COMPLETION_TOKENS = 16
 #: the plain chat template of models without one of their own (the tiny model): each message on its
 #: own lines after a role tag, then the assistant's tag for the model to continue
 PLAIN_CHAT_TEMPLATE = "<|{role}|>\n{content}\n"
-#: the roles the plain template writes; a model's own template gets OpenAI's roles (and may refuse some).
-#: Anything else is refused: a role is pasted into the prompt, so "user|>\n<|assistant" would rewrite it
-PLAIN_ROLES = ("system", "user", "assistant")
+#: the roles the plain template writes (OpenAI's "developer" is its newer name for "system"); a model's
+#: own template gets OpenAI's roles, and may refuse some. Anything else is refused: a role is pasted
+#: into the prompt, so "user|>\n<|assistant" would rewrite it
+PLAIN_ROLES = ("system", "developer", "user", "assistant")
 TEMPLATE_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 

@@ -5,8 +5,8 @@ Two layouts serve the same requests from the same pool of token slots:
 * contiguous — each running request reserves `max_len` slots up front (its largest possible
   length), the way a server without paging must;
 * paged — each request holds `ceil(tokens / block_size)` blocks from a `BlockAllocator`, one more
-  whenever its last block fills; when the pool runs dry the youngest request is preempted
-  (its blocks freed, recomputed later), as vLLM does.
+  whenever its last block fills; when the pool runs dry the latest arrival is preempted
+  (its blocks freed, recomputed later): the engine's rule, vLLM's under its priority policy.
 
 Both run the engine's own scheduler (`inflight.sim.engine_sim.SimEngine`, no model): a request
 admitted at step t has its whole prompt's KV written in that step, one more token's KV every step

@@ -30,6 +30,8 @@ class RequestResult:
     output_len: int = 0
     ttft: float = 0.0                  # from sending the request to its first token
     itl: list[float] = field(default_factory=list)  # one per token after the first
+    # one per chunk after the first that brought tokens: what `vllm bench serve` records as ITL
+    chunk_itl: list[float] = field(default_factory=list)
     latency: float = 0.0               # from sending to the last byte
     start_time: float = 0.0            # when it was sent (after any client-side queueing)
     client_queue_time: float = 0.0     # waiting for a --max-concurrency slot, before sending
@@ -129,5 +131,6 @@ def _take_chunk(chunk: dict, res: RequestResult, text: list[str], n_tokens: int,
             res.itl.extend([0.0] * (k - 1))
         else:
             res.itl.extend([now - last] + [0.0] * (k - 1))
+            res.chunk_itl.append(now - last)
         n_tokens, last = n_tokens + k, now
     return n_tokens, last

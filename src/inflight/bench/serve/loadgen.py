@@ -205,11 +205,13 @@ def print_result(r: dict[str, Any]) -> None:
         if v is not None:
             print(f"{label:<40} {v:<10.2f}" if isinstance(v, float) else f"{label:<40} {v}")
     for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
-                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+                        ("itl", "Inter-token Latency (per token)"), ("chunk_itl", "Inter-chunk Latency (vLLM's ITL)"),
+                        ("e2el", "End-to-end Latency")):
         print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
         for k, v in r.items():
-            if k.endswith(f"_{name}_ms") and not k.startswith("std"):
-                print(f"{k.split('_')[0].capitalize() + ' ' + name.upper() + ' (ms):':<40} {v:<10.2f}")
+            stat, _, rest = k.partition("_")
+            if rest == f"{name}_ms" and stat != "std":
+                print(f"{stat.capitalize() + ' ' + name.upper().replace('_', ' ') + ' (ms):':<40} {v:<10.2f}")
     print("=" * 50)
 
 

@@ -2,6 +2,11 @@
 `vllm/benchmarks/serve.py`, same names and units): TTFT, TPOT, ITL and end-to-end latency (mean,
 median, std and chosen percentiles, in ms), throughput, and goodput — requests per second that met
 every service-level objective (`--goodput ttft:MS tpot:MS e2el:MS`).
+
+ITL is counted per token: a chunk that brings k tokens is k arrivals, one gap then k - 1 gaps of
+zero, so that the ITL percentiles weigh every token the same. `vllm bench serve` records one gap per
+chunk instead; that figure is here too, as `chunk_itl` (`mean_chunk_itl_ms`, `p99_chunk_itl_ms`,
+per request `chunk_itls`), to compare with vLLM's ITL. With one token per chunk the two are the same.
 """
 from __future__ import annotations
 
@@ -11,9 +16,10 @@ import numpy as np
 
 from inflight.bench.serve.client import RequestResult
 
-__all__ = ["parse_goodput", "is_good", "calculate_metrics", "METRICS"]
+__all__ = ["parse_goodput", "is_good", "calculate_metrics", "METRICS", "CHUNK_ITL"]
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
+CHUNK_ITL = "chunk_itl"  # vllm bench serve's ITL: one gap per chunk
 _SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
@@ -71,11 +77,13 @@ def calculate_metrics(results: list[RequestResult], duration: float, slos: dict[
         "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else 0.0,
     }
     series = {"ttft": [r.ttft for r in done], "tpot": [tpot(r) for r in done if r.output_len > 1],
-              "itl": [x for r in done for x in r.itl], "e2el": [r.latency for r in done]}
-    for name in METRICS:
+              "itl": [x for r in done for x in r.itl], "e2el": [r.latency for r in done],
+              CHUNK_ITL: [x for r in done for x in r.chunk_itl]}
+    for name in (*METRICS, CHUNK_ITL):
         m.update(_summary(name, series[name], percentiles))
     m.update({"input_lens": [r.prompt_len for r in results], "output_lens": [r.output_len for r in results],
               "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
+              "chunk_itls": [r.chunk_itl for r in results],
               "latencies": [r.latency for r in results], "start_times": [r.start_time for r in results],
               "queue_times": [r.client_queue_time for r in results],
               "generated_texts": [r.generated_text for r in results], "errors": [r.error for r in results]})
