@@ -195,7 +195,7 @@ def chat_object(request_id: str, model: str, created: int, content: str | None, 
     if chunk:
         delta = {} if content is None and not role else {"role": "assistant", "content": content or ""} if role \
             else {"content": content}
-        choices = [] if content is None and finish_reason is None and not role else \
+        choices = [] if content is None and finish_reason is None and not role and lp is None else \
             [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}]
         out = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": choices}
