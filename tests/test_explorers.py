@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 
 from inflight.bench.serve.client import RequestResult  # noqa: E402
 from inflight.bench.serve.stats import calculate_metrics  # noqa: E402
-from inflight.book import explore_aging, explore_load, explore_loop, explore_paged  # noqa: E402
+from inflight.book import explore_aging, explore_load, explore_loop, explore_paged, explore_sharing  # noqa: E402
 from inflight.book.widgets import LiveFigure, check_redraw, nice_ceil  # noqa: E402
 from inflight.engine.scheduler import STEP_ORDER  # noqa: E402
 from inflight.exercises.engine_loop import measure_order, reference_step, step_from_order  # noqa: E402
@@ -90,6 +90,32 @@ def test_pool_explorers_build_and_redraw():
     site = explore_paged.paged_site(explore_paged.workload(20), layouts=("contiguous", 16, 4), frames=4)
     assert site.views == 12 and site.nbytes < 60_000
     assert "redraws" in check_redraw(explore_paged.paged_live(explore_paged.workload(20), layouts=("contiguous", 8)))
+
+
+# -- chapter 5: samples sharing a prompt's blocks ----------------------------------------------------
+
+@pytest.mark.parametrize("n, prompt_len", [(1, 40), (4, 40), (8, 100), (3, 16), (16, 250)])
+def test_the_sharing_picture_is_the_schedulers_block_tables(n, prompt_len):
+    from inflight.sim.sample_sharing import blocks_with_and_without, sample_run
+
+    run = sample_run(prompt_len, explore_sharing.OUTPUT, n, explore_sharing.BLOCK)
+    shared, separate = blocks_with_and_without(prompt_len, explore_sharing.OUTPUT, n, explore_sharing.BLOCK)
+    assert (run.peak_in_use, run.peak_without) == (shared, separate)
+    assert len(run.tables) == n and run.peak_in_use == len({b for t in run.tables for b in t})
+    codes = explore_sharing.table_codes(run, prompt_len, 16, 40)
+    full = prompt_len // explore_sharing.BLOCK
+    assert (codes[:n, :full] == (explore_sharing.SHARED if n > 1 else explore_sharing.OWN)).all()
+    assert (codes[n:] == explore_sharing.EMPTY).all()
+    partial = prompt_len % explore_sharing.BLOCK != 0
+    assert run.copies == (n - 1 if partial else 0), "every sample but the last to write copies the partial block"
+    held = sum(len(t) for t in run.tables)
+    assert held == run.peak_without and (codes != explore_sharing.EMPTY).sum() == held
+
+
+def test_sharing_explorers_build_and_redraw():
+    site = explore_sharing.sharing_site(ns=(1, 4), prompts=(16, 100))
+    assert site.views == 4 and site.nbytes < 30_000
+    assert "redraws" in check_redraw(explore_sharing.sharing_live(ns=(1, 2, 4), prompts=(16, 40)))
 
 
 # -- chapter 6: the loop ---------------------------------------------------------------------------

@@ -72,7 +72,8 @@ prompts = st.one_of(st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=20)
 fields = st.fixed_dictionaries({}, optional={
     "max_tokens": st.integers(-2, 200), "temperature": st.floats(-1, 1e300), "top_p": st.floats(-0.5, 1.5),
     "seed": st.integers(-2**64, 2**65), "priority": st.integers(-2**64, 2**64), "ignore_eos": st.booleans(),
-    "stop_token_ids": st.lists(st.integers(-1, VOCAB + 1), max_size=3)})
+    "stop_token_ids": st.lists(st.integers(-1, VOCAB + 1), max_size=3), "n": st.integers(-2, 12),
+    "logprobs": st.one_of(st.none(), st.integers(-2, 25)), "prompt_logprobs": st.one_of(st.none(), st.integers(-2, 25))})
 submission = st.fixed_dictionaries({"request_id": st.one_of(st.none(), st.sampled_from(["a", "b", 0, 7])),
                                     "arrival_time": st.one_of(st.none(), st.floats()),
                                     "priority": st.one_of(st.none(), st.integers())})
@@ -96,7 +97,7 @@ def test_fuzz_add_request_refuses_cleanly_and_changes_nothing(model, prompt, mut
         TRIED["bad SamplingParams refused at construction"] += 1
         return
     before = state(engine)
-    snapshot = (sp.max_tokens, sp.temperature, sp.top_p, sp.seed, sp.priority)
+    snapshot = (sp.max_tokens, sp.temperature, sp.top_p, sp.seed, sp.priority, sp.n, sp.logprobs, sp.prompt_logprobs)
     try:
         engine.add_request(prompt, sp, **extra)
     except (ValueError, TypeError) as exc:
@@ -105,7 +106,8 @@ def test_fuzz_add_request_refuses_cleanly_and_changes_nothing(model, prompt, mut
         assert len(str(exc)) < 500
     else:
         TRIED["odd but valid submissions accepted"] += 1
-    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.seed, sp.priority) == snapshot  # the caller's object
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.seed, sp.priority, sp.n, sp.logprobs,
+            sp.prompt_logprobs) == snapshot  # the caller's object
     drain(engine)
     assert engine.allocator.num_free == engine.num_blocks and not engine.requests
 

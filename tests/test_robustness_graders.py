@@ -13,6 +13,8 @@ import pytest
 from inflight.exercises import grading
 from inflight.exercises.batching import check_kv_bytes_per_token, kv_bytes_per_token
 from inflight.exercises.engine_loop import check_engine_loop
+from inflight.engine.block_manager import copy_on_write
+from inflight.exercises.copy_on_write import check_copy_on_write
 from inflight.exercises.paged import check_allocator, check_blocks_needed, check_slot_mapping
 from inflight.exercises.paged_allocators import ReferenceAllocator
 from inflight.exercises.scheduling import check_continuous_scheduler, check_memory_scheduler, check_static_scheduler
@@ -81,6 +83,7 @@ GRADERS = [
     ("prefix hit", check_prefix_hit, lambda t, bs, keys: spin(), "spin()", None),
     ("choose victim", check_choose_victim, lambda running: spin(), "spin()", None),
     ("KV bytes", check_kv_bytes_per_token, lambda cfg, b: spin(), "spin()", None),
+    ("copy on write", check_copy_on_write, lambda a, t, p: spin(), "spin()", None),
 ]
 
 
@@ -112,7 +115,7 @@ def test_endless_loops_are_stopped_and_named(name, check, impl, culprit, inside,
     (check_continuous_scheduler, ContinuousBatchScheduler), (check_static_scheduler, StaticBatchScheduler),
     (check_allocator, ReferenceAllocator), (check_serving_metrics, serving_metrics),
     (check_prefix_hit, prefix_hit), (check_choose_victim, choose_victim),
-    (check_kv_bytes_per_token, kv_bytes_per_token),
+    (check_kv_bytes_per_token, kv_bytes_per_token), (check_copy_on_write, copy_on_write),
 ])
 def test_correct_answers_still_pass_under_the_limit(check, reference):
     # the package's own answers, as a learner would pass them (a subclass or a wrapper defined here)

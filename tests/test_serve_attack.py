@@ -58,8 +58,8 @@ def _error(status_body: tuple[int, dict, bytes]) -> tuple[int, dict]:
     (b'{"prompt": "a\\ud800b", "max_tokens": 2}', "lone UTF-16 surrogate"),
     (json.dumps({"prompt": "x", "stop": [f"s{i}" for i in range(65)]}).encode(), "at most 64 stop strings"),
     (json.dumps({"prompt": "x", "stop_token_ids": [5] * 1025}).encode(), "at most 1024 stop_token_ids"),
-    (b'{"prompt": "x", "logprobs": 2}', "logprobs=2 is not supported"),
-    (b'{"prompt": "x", "echo": true}', "echo=True is not supported"),
+    (b'{"prompt": "x", "logprobs": 21}', "between 0 and 20 alternatives"),
+    (b'{"prompt": "x", "echo": "yes"}', "echo must be a boolean"),
     (b'{"prompt": "x", "presence_penalty": 0.5}', "presence_penalty=0.5 is not supported"),
 ], ids=["deep list", "deep prompt", "surrogate model", "surrogate field", "surrogate prompt", "65 stops",
         "1025 stop ids", "logprobs", "echo", "presence_penalty"])

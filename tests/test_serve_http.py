@@ -103,7 +103,8 @@ def test_sse_bytes(server):
     ({"prompt": "x", "max_tokens": 300, "ignore_eos": True}, "pool"),
     ({"prompt": [1, 2, 99999], "max_tokens": 4}, "vocabulary"),
     ({"prompt": "x", "stop": [""]}, "empty string"),
-    ({"prompt": "x", "n": 2}, "n=2 is not supported"),
+    ({"prompt": "x", "n": 0}, "n must be >= 1"),
+    ({"prompt": "x", "n": 5}, "more than max_batch_size (4)"),
     ({"max_tokens": 4}, "prompt is required"),
 ])
 def test_bad_requests_get_openai_errors_with_the_engines_message(server, body, words):

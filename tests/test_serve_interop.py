@@ -104,7 +104,7 @@ def test_fields_frameworks_forward_by_default_are_accepted(server, name):
     ({"modalities": ["text", "audio"]}, "modalities", "it writes text only"),
     ({"no_stop_trim": True}, "no_stop_trim", "the text ends before a stop string"),
     ({"return_hidden_states": True}, "return_hidden_states", "not hidden states"),
-    ({"top_logprobs": 3}, "top_logprobs", "no log-probabilities"),
+    ({"top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
     ({"cache_salt": "s"}, "cache_salt", "no salts"),
     ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message", "cannot both be true"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},

@@ -8,11 +8,14 @@
 - `block_manager` the pool of KV blocks (`BlockAllocator`, `blocks_needed`)
 - `prefix_cache`  blocks shared by content key (`PrefixCachingBlockAllocator`)
 - `sequence`      one request's state (`num_computed_tokens`, block table, clock)
+- `parallel_sampling` the `n` samples of one prompt: the fork, shared blocks, copy-on-write
+- `logprobs`      which logits rows a step needs for log-probabilities, and where they go
 - `sampling`      `SamplingParams`
 - `priority`      priority keys, aging, and the preemption victim
 - `model_runner`  tensors for one step: input preparation, KV sizing, swap copies
 - `engine_args`   what `LLMEngine`'s constructor accepts (device, tokenizer, KV allocation)
-- `outputs`       `RequestOutput`, `StepStats` and the run's totals
+- `outputs`       `RequestOutput` (with a `CompletionOutput` per sample), `StepStats`, the run's totals
+- `output_processor` a step's sequences into `RequestOutput`s: text, stop strings, snapshots
 - `invariants`    the debug checks that the books balance
 
 The engine imports the model layer and nothing above it (`sim`, `bench`, `book`, `exercises`).

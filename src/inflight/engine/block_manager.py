@@ -23,7 +23,8 @@ from typing import Iterable, Iterator, Sequence
 from inflight.blocks import blocks_needed  # re-exported: the allocator's readers look for it here
 from inflight.checks import INT64_MAX, integer, show
 
-__all__ = ["BlockAllocator", "FreeList", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity"]
+__all__ = ["BlockAllocator", "FreeList", "NoFreeBlocksError", "blocks_needed", "slot_mapping", "ensure_capacity",
+           "copy_on_write"]
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -190,3 +191,30 @@ def ensure_capacity(allocator: BlockAllocator, block_table: list[int], num_token
     new = allocator.allocate(missing)
     block_table.extend(new)
     return new
+
+
+def copy_on_write(allocator: BlockAllocator, block_table: list[int], position: int) -> tuple[int, int] | None:
+    """Before a sequence writes the keys and values of token `position`: make the block they go into
+    its own. Returns `(shared, private)` when it had to copy, else None.
+
+    A block several block tables hold (the samples of one prompt share its blocks) must not be
+    written, because the others still read it. So when the block holding `position` is shared
+    (reference count > 1), a new block takes its place in `block_table` (changed in place) and the
+    shared block loses this table's reference; the caller then copies the shared block's keys and
+    values into the new one, before the write. A block the table holds alone is written in place
+    (the last of the sharers to write needs no copy), and a position past the table's last block
+    needs nothing either: that token starts a new block, which growing the table allocates.
+    All or nothing: when no block is free, `NoFreeBlocksError` is raised and nothing changes.
+    The engine's scheduler calls this for each sample about to write (`inflight.engine.parallel_sampling`);
+    chapter 5's exercise asks for it."""
+    position = integer("position", position, minimum=0)
+    i = position // allocator.block_size
+    if i >= len(block_table):
+        return None
+    shared = block_table[i]
+    if allocator.ref_count(shared) <= 1:
+        return None
+    private = allocator.allocate(1)[0]  # first: if the pool is dry, nothing has changed yet
+    allocator.free([shared])             # one holder fewer; the others keep it
+    block_table[i] = private
+    return shared, private

@@ -1,20 +1,27 @@
 """Do the books balance? The checks `LLMEngine(debug=True)` runs after every step (and the tests
 run everywhere): every block has as many holders as its reference count says, free + held = total,
 each running request holds exactly the blocks its computed tokens need, no request sits in two
-queues, and the engine holds exactly the requests that have not ended.
+queues, and the engine holds exactly the requests that have not ended. For parallel sampling:
+each sample belongs to its request's group once, the batch never holds more samples (and slots
+reserved for samples to come) than `max_batch_size`, a block shared without the prefix cache is
+shared only by samples of one request — and, checked before each forward pass
+(`check_batch_writes`), no token is ever written into a block someone else still holds.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
 from inflight.engine.block_manager import blocks_needed
+from inflight.engine.parallel_sampling import draws, request_finished
 from inflight.engine.sequence import SequenceStatus
 
 if TYPE_CHECKING:  # pragma: no cover
+    from inflight.engine.block_manager import BlockAllocator
     from inflight.engine.scheduler import Scheduler
+    from inflight.engine.scheduler_types import SchedulerOutput
     from inflight.engine.sequence import Sequence
 
-__all__ = ["check_scheduler", "check_requests"]
+__all__ = ["check_scheduler", "check_requests", "check_batch_writes"]
 
 
 def _check_queues(sched: "Scheduler") -> None:
@@ -61,10 +68,46 @@ def _check_prefix_cache(sched: "Scheduler") -> None:
                 f"request {s.request_id}: block {b} (logical {i}) is cached under another prefix's key"
 
 
+def _check_samples(sched: "Scheduler") -> None:
+    slots = sum(draws(s) for s in sched.running)
+    assert slots <= sched.config.max_batch_size, (f"the batch holds {slots} samples and reserved slots, more than "
+                                                  f"max_batch_size ({sched.config.max_batch_size})")
+    sharers: dict[int, str] = {}
+    for s in (*sched.waiting, *sched.running, *sched.swapped):
+        g = s.group
+        if g is None:
+            continue
+        assert sum(x is s for x in g.samples) == 1, f"request {s.request_id}: sample {s.index} not once in its group"
+        assert g.samples[s.index] is s and (g.forked or s.index == 0), \
+            f"request {s.request_id}: sample {s.index} out of place (or a sibling before the fork)"
+        assert len(g.samples) in (1, g.n), f"request {s.request_id}: {len(g.samples)} of {g.n} samples exist"
+    if sched.config.enable_prefix_caching:
+        return  # (the prefix cache shares full blocks between any requests with the same prefix)
+    for s in sched.running:
+        for b in s.block_table:
+            if sched.allocator.ref_count(b) > 1:
+                owner = sharers.setdefault(b, s.request_id)
+                assert owner == s.request_id, f"block {b} is shared by requests {owner} and {s.request_id}"
+
+
+def check_batch_writes(batch: "SchedulerOutput", allocator: "BlockAllocator") -> None:
+    """Before a forward pass: every block the batch's new tokens are written into is held by the
+    writing sequence alone (copy-on-write happened), and exists (the table has grown)."""
+    bs = allocator.block_size
+    for s in batch.seqs:
+        c, q = s.num_computed_tokens, s.num_scheduled_tokens
+        for i in range(c // bs, blocks_needed(c + q, bs)):
+            assert i < len(s.block_table), f"request {s.request_id}: no block for position {i * bs} yet"
+            held = allocator.ref_count(s.block_table[i])
+            assert held == 1, (f"request {s.request_id} (sample {s.index}) would write into block "
+                               f"{s.block_table[i]}, which {held} sequences hold")
+
+
 def check_scheduler(sched: "Scheduler") -> None:
     """Raise AssertionError if the scheduler's queues and block pools don't balance."""
     _check_queues(sched)
     _check_blocks(sched)
+    _check_samples(sched)
     if sched.config.enable_prefix_caching:
         _check_prefix_cache(sched)
 
@@ -74,7 +117,7 @@ def check_requests(sched: "Scheduler", requests: Iterable["Sequence"]) -> None:
     each live one is held (a request that ended has been handed out and forgotten)."""
     live = {s.request_id for q in (sched.waiting, sched.running, sched.swapped) for s in q if s.finish_reason is None}
     tracked = {s.request_id: s for s in requests}
-    ended = sorted(rid for rid, s in tracked.items() if s.finish_reason is not None)
+    ended = sorted(rid for rid, s in tracked.items() if request_finished(s))
     assert not ended, f"requests that ended are still held: {ended[:5]}"
     lost = set(tracked) - live
     assert not lost, f"requests lost: {sorted(lost)[:5]}"

@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from inflight.engine.scheduler import Scheduler
     from inflight.engine.scheduler_types import SchedulerOutput
 
-__all__ = ["check_can_run", "max_kv_tokens", "check_progress", "describe_stall", "EngineStalledError"]
+__all__ = ["check_can_run", "check_samples_fit", "samples_blocks", "samples_room", "max_kv_tokens", "check_progress",
+           "describe_stall", "EngineStalledError"]
 
 
 class EngineStalledError(RuntimeError):
@@ -35,14 +36,49 @@ def max_kv_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -
 
 
 def check_can_run(num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int,
-                  block_size: int) -> None:
-    """Refuse (ValueError) a request that could never finish in a pool of `num_blocks` blocks."""
+                  block_size: int, n: int = 1, max_batch_size: int | None = None) -> None:
+    """Refuse (ValueError) a request that could never finish in a pool of `num_blocks` blocks, or
+    whose `n` samples could not run side by side (`check_samples_fit`)."""
     most = max_kv_tokens(num_prompt_tokens, max_tokens, max_model_len)
     need = blocks_needed(most, block_size)
     if need > num_blocks:
         raise ValueError(f"this request can need {most} tokens of KV = {need} blocks, more than the whole pool "
                          f"({num_blocks} blocks of {block_size}): it could never finish. "
                          "Lower max_tokens or give the engine more blocks.")
+    if n > 1:
+        check_samples_fit(n, num_prompt_tokens, max_tokens, max_model_len, num_blocks, block_size, max_batch_size)
+
+
+def samples_blocks(n: int, num_prompt_tokens: int, max_tokens: int, max_model_len: int, block_size: int) -> int:
+    """The most blocks `n` samples of one prompt hold at once: the prompt's full blocks once (they
+    share them), and each sample's own blocks from the prompt's last, partly filled one on."""
+    shared = num_prompt_tokens // block_size
+    own = blocks_needed(max_kv_tokens(num_prompt_tokens, max_tokens, max_model_len), block_size) - shared
+    return shared + n * own
+
+
+def samples_room(n: int, num_prompt_tokens: int, max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """The largest `max_tokens` that `n` samples of a prompt can all reach side by side in the pool
+    (sharing the prompt's full blocks) and in the context: what `check_samples_fit` accepts, at most."""
+    shared = num_prompt_tokens // block_size
+    most = (shared + (num_blocks - shared) // n) * block_size  # tokens of KV one sample may hold
+    return min(most + 1, max_model_len) - num_prompt_tokens
+
+
+def check_samples_fit(n: int, num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int,
+                      block_size: int, max_batch_size: int | None = None) -> None:
+    """Refuse (ValueError) `n` samples of a request that cannot all run at once: more samples than
+    batch slots (they decode side by side from their fork on), or more KV at their longest, sharing
+    the prompt's full blocks, than the whole pool. (Each sample alone fitting would keep the engine
+    live, but samples that cannot fit together would preempt each other all the way.)"""
+    if max_batch_size is not None and n > max_batch_size:
+        raise ValueError(f"n={n} samples, more than max_batch_size ({max_batch_size}): a request's samples run "
+                         "side by side in one batch. Lower n or raise max_batch_size.")
+    need = samples_blocks(n, num_prompt_tokens, max_tokens, max_model_len, block_size)
+    if need > num_blocks:
+        raise ValueError(f"n={n} samples of this request can hold {need} blocks at once (the prompt's "
+                         f"{num_prompt_tokens // block_size} full blocks shared), more than the whole pool "
+                         f"({num_blocks} blocks of {block_size}). Lower n or max_tokens, or give the engine more blocks.")
 
 
 def check_progress(sched: "Scheduler", batch: "SchedulerOutput") -> None:
@@ -51,7 +87,7 @@ def check_progress(sched: "Scheduler", batch: "SchedulerOutput") -> None:
     if batch.seqs or not sched.has_unfinished():
         return
     ev = sched.events
-    if ev.reaped or ev.admitted or ev.swapped_in or ev.preempted:
+    if ev.reaped or ev.admitted or ev.swapped_in or ev.preempted or ev.forked:
         return  # the state moved: the next step is a different step
     raise EngineStalledError(describe_stall(sched))
 

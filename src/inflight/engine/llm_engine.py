@@ -23,15 +23,18 @@ from inflight.engine.block_manager import BlockAllocator
 from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, check_stats_window, check_tokenizer,
                                          engine_device, eos_token_ids, model_attr)
 from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as _params_per_prompt
-from inflight.engine.invariants import check_requests
+from inflight.engine.invariants import check_batch_writes, check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.detokenizer import IncrementalDetokenizer, text_token_ids
+from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
-from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, request_output
+from inflight.engine.logprobs import StepLogprobs
+from inflight.engine.output_processor import request_heads, request_output_now, snapshot
+from inflight.engine.outputs import RequestOutput, RunTotals, StepStats
+from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.priority import check_aging, priority_key
-from inflight.engine.sampling import SamplingParams
+from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
 from inflight.engine.sequence import Sequence, fail
 from inflight.model.sampler import Sampler, make_generator
@@ -113,7 +116,7 @@ class LLMEngine:
         if preemption == "swap":
             n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
             cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), allocate_swapper(self.kv_cache, n_cpu)
-        self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper)
+        self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper, self.kv_cache.copy_blocks)
         graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
         self.runner = ModelRunner(model, self.kv_cache, sampler, graphs)
@@ -158,7 +161,7 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings are checked on the text, which needs a tokenizer: pass tokenizer=... "
                              "or use stop_token_ids")
-        self.scheduler.check_can_run(len(ids), params.max_tokens)
+        self.scheduler.check_can_run(len(ids), params.max_tokens, params.n)
         return ids, params
 
     def _make_sequence(self, prompt, params, request_id, arrival_time, priority=None) -> Sequence:
@@ -167,7 +170,12 @@ class LLMEngine:
         priority = params.priority if priority is None else checks.priority("priority", priority)
         now = time.perf_counter() if arrival_time is None else checks.number("arrival_time", arrival_time)
         request_id = self._new_request_id(request_id)
-        seq = Sequence(request_id, ids, params, now, seq_no=self._next_seq_no, generator=make_generator(params.seed))
+        # each sample its own stream: seed + i for sample i (parallel sampling; n=1 is seed itself)
+        generators = [make_generator(sample_seed(params.seed, i)) for i in range(params.n)]
+        seq = Sequence(request_id, ids, params, now, seq_no=self._next_seq_no, generator=generators[0])
+        if params.n > 1:  # the carrier of the request's samples (inflight.engine.parallel_sampling)
+            seq.group = SampleGroup(params.n, generators)
+            seq.group.samples.append(seq)
         self._next_seq_no += 1
         seq.priority = priority
         seq.sort_key = priority_key(priority, now, seq.seq_no, self.priority_aging)
@@ -187,14 +195,17 @@ class LLMEngine:
         return request_id
 
     def abort_request(self, request_id: str | int) -> None:
-        """Stop a request now and give its KV blocks back. An id the engine does not hold (unknown,
-        or already finished) is ignored; an id that is not a str or an int is a TypeError."""
+        """Stop a request now — every one of its samples — and give its KV blocks back. An id the
+        engine does not hold (unknown, or already finished) is ignored; an id that is not a str or an
+        int is a TypeError."""
         seq = self.requests.get(_id_key(request_id))
         if seq is None:
             return
-        self.scheduler.abort(seq)
-        seq.finish_reason = "abort"
-        seq.finish_time = time.perf_counter()
+        now = time.perf_counter()
+        for s in request_samples(seq):
+            if s.finish_reason is None:  # (a sample that ended already leaves at the next reap, as it would)
+                self.scheduler.abort(s)
+                s.finish_reason, s.finish_time = "abort", now
         self._forget(seq)
         if not self.scheduler.has_unfinished():  # the last one: an idle engine holds no blocks (as after a step)
             self.scheduler.reap()
@@ -225,10 +236,12 @@ class LLMEngine:
                 s.first_scheduled_time = t0   # (its queue time ends with this step)
         sched.preempt()                   # 4. preempt
         batch = sched.batch()             # 5. decode: the batch ...
+        if self.debug:
+            check_batch_writes(batch, self.allocator)
         t1 = time.perf_counter()
         try:  # (requests whose forward pass alone fails are left out of it, to end with an error)
-            batch, tokens, failures, times, broken = self.runner.run_isolating(batch) if batch.seqs else \
-                (batch, [], {}, StepTimes(), {})
+            batch, tokens, failures, times, lps, broken = self.runner.run_isolating(batch) if batch.seqs else \
+                (batch, [], {}, StepTimes(), StepLogprobs(), {})
         except BaseException:             # (a failed forward pass, or Ctrl-C): nothing is half-done
             sched.release_unused(batch)
             raise
@@ -236,17 +249,17 @@ class LLMEngine:
         sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
         for s, why in broken.items():
             fail(s, f"the model's forward pass failed for it ({why})", now)
-        touched = sched.update(batch, tokens, now, failures) + list(broken)  # ... then the bookkeeping
+        touched = sched.update(batch, tokens, now, failures, lps) + list(broken)  # ... then the bookkeeping
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
-        self._record(batch, events, touched, t0, t1, times)
+        self._record(batch, events, outs, t0, t1, times)
         check_progress(sched, batch)
         if self.debug:
             self.check_invariants()
         return outs
 
-    def _record(self, batch: SchedulerOutput, events: StepEvents, touched: list[Sequence], t0: float, t1: float,
+    def _record(self, batch: SchedulerOutput, events: StepEvents, outs: list[RequestOutput], t0: float, t1: float,
                 times: StepTimes) -> None:
         sched = self.scheduler
         self._step_no += 1
@@ -256,7 +269,7 @@ class LLMEngine:
             num_decode_tokens=batch.num_decode_tokens, num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_swapped=len(sched.swapped), blocks_used=self.allocator.num_used, num_preempted=len(events.preempted),
             blocks_swapped=events.blocks_swapped_out + events.blocks_swapped_in,
-            num_finished=sum(s.finish_reason is not None for s in touched),
+            num_finished=sum(o.finished for o in outs),
             schedule_time=t1 - t0, prepare_time=times.prepare, forward_time=times.forward,
             sample_time=bookkeeping, start_time=t0)
         self.stats.append(st)
@@ -269,43 +282,23 @@ class LLMEngine:
             assert held is seq, f"request {seq.request_id} ended twice"
 
     def _outputs(self, touched: list[Sequence], now: float) -> list[RequestOutput]:
-        """The step's outputs; the requests that ended are forgotten. If decoding is interrupted
-        (Ctrl-C in a slow tokenizer), the step's tokens still stand and no ended request is lost:
-        their final outputs go out with the next `step()` (with text None where not yet decoded)."""
+        """The step's outputs, one per request touched (all its samples in it); the requests that
+        ended are forgotten. If decoding is interrupted (Ctrl-C in a slow tokenizer), the step's
+        tokens still stand and no ended request is lost: their final outputs go out with the next
+        `step()` (with text None where not yet decoded)."""
+        heads = request_heads(touched)
         outs: list[RequestOutput] = []
         try:
-            for s in touched:
-                outs.append(self._output(s, now))
+            for s in heads:
+                outs.append(request_output_now(s, now, self.tokenizer, self.eos_token_ids))
         finally:
-            if len(outs) < len(touched):  # interrupted
+            if len(outs) < len(heads):  # interrupted
                 self._undelivered += [o for o in outs if o.finished] + \
-                    [request_output(s, None) for s in touched[len(outs):] if s.finish_reason is not None]
-            for s in touched:
-                if s.finish_reason is not None:
+                    [snapshot(s, None) for s in heads[len(outs):] if request_finished(s)]
+            for s in heads:
+                if request_finished(s):
                     self._forget(s)
         return outs
-
-    def _output(self, s: Sequence, now: float) -> RequestOutput:
-        """`s`'s output; if its text cannot be decoded, it ends with an error (the others go on)."""
-        text, error = self._detokenize(s, now)
-        if error is not None and s.finish_reason != "error":
-            fail(s, error, now)
-        return request_output(s, text)
-
-    def _detokenize(self, s: Sequence, now: float) -> tuple[str | None, str | None]:
-        """(text so far, None) or (None, why it failed); a stop string in the new text ends `s`."""
-        d = s.detokenizer
-        if d is None:
-            return None, None
-        try:
-            stop = d.update(text_token_ids(s, self.eos_token_ids), finished=s.finish_reason is not None)
-        except Exception as exc:  # noqa: BLE001 - one request's tokens must not take the step down
-            return None, f"detokenization failed ({type(exc).__name__}: {exc})"
-        if stop is not None and s.finish_reason in (None, "length"):
-            if s.finish_reason is None:
-                s.finish_time = now
-            s.finish_reason = "stop"
-        return d.text(s.finish_reason is not None), None
 
     def get_output(self, request_id: str | int) -> RequestOutput:
         """The current state of a request the engine still holds (an unfinished one)."""
@@ -314,7 +307,8 @@ class LLMEngine:
         if seq is None:
             raise KeyError(f"no unfinished request {key!r}: unknown, or it ended and its final output was already "
                            "returned (by step() or generate()); the engine forgets a request then")
-        return request_output(seq, None if seq.detokenizer is None else seq.detokenizer.text(False))
+        return snapshot(seq, [None if s.detokenizer is None else s.detokenizer.text(False)
+                              for s in request_samples(seq)])
 
     # -- batch API -------------------------------------------------------------------------------
     def generate(self, prompts: Seq[str] | Seq[Seq[int]] | str, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

@@ -9,22 +9,25 @@ the copies between the device pool and the CPU pool that swap preemption needs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from inflight.engine.block_manager import blocks_needed
 from inflight.engine.cuda_graphs import DecodeGraphRunner
+from inflight.engine.logprobs import StepLogprobs, prompt_rows
+from inflight.engine.parallel_sampling import expand_draws
 from inflight.engine.scheduler import SchedulerOutput
 from inflight.engine.sequence import Sequence
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache, default_kv_budget_bytes, kv_bytes_per_token
+from inflight.model.logprobs import token_logprobs
 from inflight.model.sampler import Sampler
 from inflight.engine.thread_governor import ThreadGovernor
 from inflight.threads import adaptive_threads_wanted
 
-__all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "default_num_blocks", "default_swap_blocks",
+__all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
            "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]
 
 #: On CPU, without `num_blocks`: enough blocks for `max_batch_size` requests of this many tokens each.
@@ -36,13 +39,16 @@ GPU_MEMORY_FRACTION = 0.5
 @dataclass
 class StepInputs:
     """One step's batch as tensors: `logits_indices` are the rows to sample from, one per request
-    in `sampling_seqs` (those whose prompt is complete after this step), in batch order."""
+    in `sampling_seqs` (those whose prompt is complete after this step), in batch order, then the
+    rows whose logits give prompt log-probabilities: `prompt_requests` lists (request, first
+    position, count) for them, in order (`inflight.engine.logprobs`)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampling_seqs: list[Sequence]
+    prompt_requests: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -72,8 +78,10 @@ class ModelRunner:
         on (a prefill chunk, or the one new token of a decode), and is sampled if that reaches its end."""
         input_ids: list[int] = []
         query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
+        prompt_idx, prompt_requests = [], []
         for s in batch.seqs:
             q, done = s.num_scheduled_tokens, s.num_computed_tokens
+            start = len(input_ids)
             input_ids.extend(s.token_ids[done:done + q])
             query_lens.append(q)
             context_lens.append(done + q)
@@ -81,16 +89,23 @@ class ModelRunner:
             if done + q == s.num_tokens:  # prompt complete (or a decode): its last row gives the next token
                 logits_idx.append(len(input_ids) - 1)
                 sampling.append(s)
+            if s.prompt_logprobs is not None:  # (asked for them: the rows of its prompt tokens too)
+                first, count = prompt_rows(s)
+                if count:
+                    prompt_idx.extend(range(start + first, start + first + count))
+                    prompt_requests.append((s, done + first, count))
         meta = AttentionMetadata.build(query_lens, context_lens, tables, self.kv_cache.block_size, self.device)
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        idx = torch.tensor(logits_idx, dtype=torch.long).to(self.device, non_blocking=True)
-        return StepInputs(ids, meta.positions, meta, idx, sampling)
+        idx = torch.tensor(logits_idx + prompt_idx, dtype=torch.long).to(self.device, non_blocking=True)
+        return StepInputs(ids, meta.positions, meta, idx, sampling, prompt_requests)
 
     @torch.inference_mode()
-    def run(self, batch: SchedulerOutput) -> tuple[list[int], dict[int, str], StepTimes]:
-        """One forward pass over `batch`: one sampled token per request whose prompt is complete, in
-        batch order; `{k: reason}` for the k-th of them if it could not be sampled (its token is -1:
-        only that request fails); and the time each part took."""
+    def run(self, batch: SchedulerOutput) -> tuple[list[int], dict[int, str], StepTimes, StepLogprobs]:
+        """One forward pass over `batch`: the sampled tokens of the requests whose prompt is
+        complete, in batch order (one each, or `n` for a request about to fork into its samples:
+        `parallel_sampling.draws`); `{k: reason}` for the k-th token if it could not be sampled (it
+        is -1: only that sample fails); the time each part took; and the log-probabilities the
+        requests asked for (`inflight.engine.logprobs`)."""
         t0 = time.perf_counter()
         if self.threads is not None:
             self.threads.adjust()
@@ -100,29 +115,45 @@ class ModelRunner:
                 self.threads.restore()
         return self._run(batch, t0)
 
-    def _run(self, batch: SchedulerOutput, t0: float) -> tuple[list[int], dict[int, str], StepTimes]:
+    def _run(self, batch: SchedulerOutput, t0: float) -> tuple[list[int], dict[int, str], StepTimes, StepLogprobs]:
+        prompt_requests: list = []
         if self.graphs is not None and self.graphs.can_run(batch.seqs):
-            seqs = batch.seqs  # a decode-only step: every request is sampled
+            seqs = batch.seqs  # a decode-only step: every request is sampled (and no prompt row is wanted)
             bucket, longest = self.graphs.prepare(seqs)
             t1 = time.perf_counter()
             logits = self.graphs.forward(len(seqs), bucket, longest)
         else:
             inputs = self.prepare(batch)
-            seqs = inputs.sampling_seqs
+            seqs, prompt_requests = inputs.sampling_seqs, inputs.prompt_requests
             t1 = time.perf_counter()
             logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
                                 logits_indices=inputs.logits_indices)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest forward time
         t2 = time.perf_counter()
-        tokens, failures = self.sampler.sample(logits, [s.params.temperature for s in seqs],
-                                               [s.params.top_p for s in seqs],
-                                               [s.generator for s in seqs]) if seqs else ([], {})
-        return tokens, failures, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2)
+        tokens, failures, lps = self._sample(logits, seqs, prompt_requests)
+        return tokens, failures, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2), lps
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt_requests: list
+                ) -> tuple[list[int], dict[int, str], StepLogprobs]:
+        """The draws of the step (a row per draw: a forking request's row repeated for its `n`
+        samples, each with its own stream), then the log-probabilities asked for."""
+        if not seqs and not prompt_requests:
+            return [], {}, StepLogprobs()
+        rows, params, generators = expand_draws(seqs)
+        sample_logits = logits[:len(seqs)]
+        if len(rows) != len(seqs):
+            sample_logits = sample_logits[torch.tensor(rows, device=logits.device)]
+        tokens, failures = self.sampler.sample(sample_logits, [p.temperature for p in params],
+                                               [p.top_p for p in params], generators) if rows else ([], {})
+        ks = [p.logprobs for p in params]
+        if not prompt_requests and all(k is None for k in ks):
+            return tokens, failures, StepLogprobs()
+        return tokens, failures, step_logprobs(sample_logits, tokens, ks, logits[len(seqs):], prompt_requests)
 
 
     def run_isolating(self, batch: SchedulerOutput) -> tuple[SchedulerOutput, list[int], dict[int, str], StepTimes,
-                                                             dict[Sequence, str]]:
+                                                             StepLogprobs, dict[Sequence, str]]:
         """`run(batch)`, but when its forward pass raises, find out whether some requests are the
         cause: each is run alone (forward only, so no random number is drawn). If some fail alone
         and others don't, the failing ones are left out — returned as `{request: why}` for the
@@ -151,6 +182,30 @@ class ModelRunner:
         except Exception as exc:  # noqa: BLE001 - this request's failure, reported as its own
             return f"{type(exc).__name__}: {exc}"
         return None
+
+
+def step_logprobs(sample_logits: torch.Tensor, tokens: list[int], ks: list[int | None],
+                  prompt_logits: torch.Tensor | None = None,
+                  prompt_requests: list[tuple[Sequence, int, int]] = ()) -> StepLogprobs:
+    """The step's answers: draw k (row k of `sample_logits`, which gave `tokens[k]`) when `ks[k]` is
+    not None; and for each (request, first position, count) of `prompt_requests`, in order, the next
+    `count` rows of `prompt_logits`. A draw that failed (token -1) gets none."""
+    out = StepLogprobs()
+    rows = [k for k, want in enumerate(ks) if want is not None and tokens[k] >= 0]
+    if rows:
+        got = token_logprobs(sample_logits[rows], [tokens[k] for k in rows], [ks[k] for k in rows])
+        out.sampled = dict(zip(rows, got))
+    if prompt_requests:
+        ids, kk = [], []
+        for s, first, count in prompt_requests:
+            ids += s.token_ids[first + 1:first + 1 + count]
+            kk += [s.params.prompt_logprobs] * count
+        got = token_logprobs(prompt_logits, ids, kk)
+        at = 0
+        for s, first, count in prompt_requests:
+            out.prompt.append((s, first + 1, got[at:at + count]))
+            at += count
+    return out
 
 
 class KVSwapper:

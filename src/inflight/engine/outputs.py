@@ -11,17 +11,59 @@ The timing vocabulary, used the same way everywhere in the book:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence as Seq
 
 if TYPE_CHECKING:  # pragma: no cover
     from inflight.engine.sequence import Sequence
 
-__all__ = ["RequestOutput", "StepStats", "RunTotals", "request_output"]
+__all__ = ["RequestOutput", "CompletionOutput", "Logprob", "StepStats", "RunTotals", "request_output"]
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability (vLLM's `Logprob`): its value, its rank in the vocabulary
+    (1 = the most likely) and its text (with a tokenizer)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request (vLLM's `CompletionOutput`): `outputs[i]` of its `RequestOutput`.
+
+    `logprobs[t]` (with `SamplingParams.logprobs`) maps token ids to `Logprob`s for the t-th
+    generated token: the token itself, then the most likely alternatives, best first (the token
+    may be one of them)."""
+
+    index: int
+    text: str | None
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | None = None
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    error: str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list, repr=False)
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
 class RequestOutput:
-    """A request's state as the caller sees it (a snapshot: later steps don't change it)."""
+    """A request's state as the caller sees it (a snapshot: later steps don't change it).
+
+    `outputs` holds one `CompletionOutput` per sample (`SamplingParams.n`), in index order. The
+    single-sample attributes (`token_ids`, `text`, `finish_reason`, `stop_reason`, `error`, the
+    token times) are sample 0's, which for n=1 is the whole story; `finished` and `finish_time`
+    are the request's (every sample ended), `num_preemptions` counts every sample's. `prompt_logprobs`
+    (with `SamplingParams.prompt_logprobs`) has one entry per prompt token, None for the first."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -38,6 +80,8 @@ class RequestOutput:
     error: str | None = None  # why it ended, when finish_reason is "error" (the other requests went on)
     first_scheduled_time: float | None = None  # when a step first admitted it
     stop_reason: str | None = None  # the stop string that ended it, if one did
+    outputs: list[CompletionOutput] = field(default_factory=list, repr=False)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = field(default=None, repr=False)
 
     @property
     def ttft(self) -> float | None:
@@ -62,12 +106,38 @@ class RequestOutput:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
 
-def request_output(s: "Sequence", text: str | None) -> RequestOutput:
-    """A snapshot of request `s` (with its generated text, when there is a tokenizer)."""
-    return RequestOutput(s.request_id, s.prompt_token_ids, s.output_token_ids, text, s.finish_reason,
-                         s.finish_reason is not None, s.arrival_time, s.first_token_time, s.finish_time,
-                         list(s.token_times), s.num_preemptions, s.num_cached_tokens, s.error,
-                         s.first_scheduled_time, getattr(s.detokenizer, "stop_reason", None))
+def completion_output(s: "Sequence", text: str | None) -> CompletionOutput:
+    """A snapshot of one sample (with its generated text, when there is a tokenizer)."""
+    return CompletionOutput(s.index, text, s.output_token_ids, s.finish_reason, getattr(s.detokenizer, "stop_reason",
+                            None), s.cumulative_logprob, None if s.logprobs is None else list(s.logprobs), s.error,
+                            s.first_token_time, s.finish_time, list(s.token_times), s.num_preemptions)
+
+
+def request_output(samples: Seq["Sequence"], texts: Seq[str | None], n: int = 1) -> RequestOutput:
+    """A snapshot of a request from its samples (sample 0 first) and their texts. Before the fork
+    there is only sample 0; a request that ends then (aborted, or failed) reports its `n` samples
+    all ended the same way, with no tokens."""
+    first = samples[0]
+    if n == 1:  # the common case, on every step's path: the request is its one sample
+        head = completion_output(first, texts[0])
+        return RequestOutput(first.request_id, first.prompt_token_ids, head.token_ids, head.text, head.finish_reason,
+                             head.finish_reason is not None, first.arrival_time, head.first_token_time,
+                             head.finish_time, head.token_times, first.num_preemptions, first.num_cached_tokens,
+                             head.error, first.first_scheduled_time, head.stop_reason, [head],
+                             None if first.prompt_logprobs is None else list(first.prompt_logprobs))
+    outs = [completion_output(s, t) for s, t in zip(samples, texts)]
+    head = outs[0]
+    for i in range(len(outs), n):  # (only a request that ended before its fork)
+        outs.append(CompletionOutput(i, None if head.text is None else "", [], head.finish_reason, None,
+                                     None if first.logprobs is None else 0.0, None if first.logprobs is None else [],
+                                     head.error, finish_time=head.finish_time))
+    finished = all(o.finished for o in outs)
+    finish = max(o.finish_time for o in outs if o.finish_time is not None) if finished else None
+    return RequestOutput(first.request_id, first.prompt_token_ids, head.token_ids, head.text, head.finish_reason,
+                         finished, first.arrival_time, head.first_token_time, finish, head.token_times,
+                         sum(s.num_preemptions for s in samples), first.num_cached_tokens, head.error,
+                         first.first_scheduled_time, head.stop_reason, outs,
+                         None if first.prompt_logprobs is None else list(first.prompt_logprobs))
 
 
 @dataclass(slots=True)

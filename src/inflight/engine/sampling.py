@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from inflight.checks import flag, integer, number, priority, seed, show, token_ids
+from inflight.checks import INT64_MAX, SEED_RANGE, flag, integer, number, priority, seed, show, token_ids
 
-__all__ = ["SamplingParams", "SAMPLING_EPS"]
+__all__ = ["SamplingParams", "SAMPLING_EPS", "MAX_LOGPROBS", "sample_seed"]
+
+#: The most alternatives `logprobs` and `prompt_logprobs` may ask for per token (OpenAI's
+#: `top_logprobs` limit, and vLLM's default `max_logprobs`).
+MAX_LOGPROBS = 20
 
 #: Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`): dividing logits by a smaller
 #: temperature overflows in float32 and turns the probabilities into NaN.
@@ -27,6 +31,15 @@ class SamplingParams:
     admission and preemption (lower value first, ties by arrival). `stop` (a string or a list of
     them) ends the request where its text first contains one, checked on the detokenized text (it
     needs a tokenizer; the text ends before the stop string, as in vLLM and OpenAI's API).
+
+    `n` samples are drawn from one prompt, prefilled once: the samples share its KV blocks and part
+    ways at their first token (`inflight.engine.parallel_sampling`). With a `seed`, sample i draws
+    from its own stream seeded `seed + i` (vLLM's rule), so sample 0 is what `n=1` gives.
+    `logprobs=k` returns, for every generated token, its log-probability and the `k` most likely
+    alternatives (0: the token's own only); `prompt_logprobs=k` the same for every prompt token but
+    the first, which nothing predicts. Both at most `MAX_LOGPROBS`, both computed from the model's
+    raw logits — before temperature and top-p, as vLLM's default `logprobs_mode="raw_logprobs"` —
+    so they describe the model, whatever the sampling settings (`inflight.model.logprobs`).
     `skip_special_tokens=False` keeps special tokens' text (end-of-text written under `ignore_eos`)
     in the output text, except the end-of-text that ended the request (as vLLM leaves it out)."""
 
@@ -38,6 +51,9 @@ class SamplingParams:
     ignore_eos: bool = False
     priority: int = 0
     stop: Sequence[str] = field(default_factory=tuple)
+    n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -60,11 +76,25 @@ class SamplingParams:
         self.priority = priority("priority", self.priority)
         self.ignore_eos = flag("ignore_eos", self.ignore_eos)
         self.stop = stop_strings("stop", self.stop)
+        self.n = integer("n", self.n, minimum=1, maximum=INT64_MAX)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                setattr(self, name, integer(name, getattr(self, name), minimum=0, maximum=MAX_LOGPROBS))
         self.skip_special_tokens = flag("skip_special_tokens", self.skip_special_tokens)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index` of a request seeded `seed`: `seed + index`, wrapped into the 64-bit
+    range `torch.Generator.manual_seed` takes (None stays None: unseeded samples share a stream)."""
+    if seed is None:
+        return None
+    lo, hi = SEED_RANGE
+    s = seed + index
+    return s if s <= hi else s - (hi + 1)
 
 
 def stop_strings(name: str, value: object) -> tuple[str, ...]:

@@ -13,13 +13,16 @@ Each step is its own short method so the book can show it and an exercise can re
                them for nobody, so the head of the queue may use the whole pool. That is what
                makes the submission rule (`inflight.engine.liveness`) enough: every request that
                fits the pool can start, and so every accepted request makes progress.
-4. `preempt` — give every running request the blocks its next tokens need; when the pool is dry,
-               evict the lowest-priority (latest-arrived) running request by recompute or swap.
+4. `preempt` — give every running request the blocks its next tokens need (a sample first gets its
+               own copy of a block it shares: copy-on-write, `inflight.engine.parallel_sampling`);
+               when the pool is dry, evict the lowest-priority (latest-arrived) running request by
+               recompute or swap.
 5. decode    — `batch()` describes the ragged batch (prefill chunks + decode tokens) for the model,
                and `update()` advances every request by what the forward pass computed.
 
-The scheduler knows nothing about tensors: swapping goes through a `swapper` (two callbacks), so
-the same code drives the real engine and the simulated KV pool of the chapter's exercise.
+The scheduler knows nothing about tensors: swapping goes through a `swapper` (two callbacks) and
+copy-on-write through `copy_blocks`, so the same code drives the real engine and the simulated KV
+pool of the chapter's exercise.
 vLLM's counterpart is `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`).
 """
 from __future__ import annotations
@@ -31,10 +34,12 @@ from inflight.engine.block_manager import BlockAllocator, blocks_needed
 from inflight.engine.budget import Budget, BudgetInputs, PlannedRequest, compute_budget
 from inflight.engine.invariants import check_scheduler
 from inflight.engine.liveness import check_can_run
+from inflight.engine.logprobs import StepLogprobs, record_prompt, record_sampled, wants_prompt_logprobs
+from inflight.engine.parallel_sampling import draws, fork, grow, request_samples, shares_write_block, write_cost
 from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
 from inflight.engine.scheduler_types import NoCopy, SchedulerConfig, SchedulerOutput, StepEvents, Swapper
-from inflight.engine.sequence import Sequence, SequenceStatus, check_stop, fail
+from inflight.engine.sequence import Sequence, SequenceStatus, append_token, fail
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
 
@@ -46,7 +51,11 @@ class Scheduler:
     """Queues (waiting / running / swapped) over a `BlockAllocator`, advanced one iteration at a time."""
 
     def __init__(self, allocator: BlockAllocator, config: SchedulerConfig,
-                 cpu_allocator: BlockAllocator | None = None, swapper: Swapper | None = None):
+                 cpu_allocator: BlockAllocator | None = None, swapper: Swapper | None = None,
+                 copy_blocks: Callable[[list[tuple[int, int]]], None] | None = None):
+        """`copy_blocks(pairs)` copies the keys and values of device blocks `src` into `dst` for each
+        `(src, dst)`: copy-on-write of a block the samples of a request share (None: nothing to copy,
+        as in a simulated pool)."""
         if config.preemption == "swap" and cpu_allocator is None:
             raise ValueError("preemption='swap' needs a cpu_allocator (the CPU pool's blocks)")
         if config.enable_prefix_caching and not hasattr(allocator, "find_cached_prefix"):
@@ -57,6 +66,7 @@ class Scheduler:
         self.allocator = allocator
         self.cpu_allocator = cpu_allocator
         self.swapper = swapper or NoCopy()
+        self.copy_blocks = copy_blocks or (lambda pairs: None)
         self.config = config
         self.block_size = allocator.block_size
         self.waiting: list[Sequence] = []   # sorted by (priority, arrival, submission)
@@ -66,11 +76,13 @@ class Scheduler:
         self.num_preemptions = 0
 
     # -- queues ----------------------------------------------------------------------------------
-    def check_can_run(self, num_prompt_tokens: int, max_tokens: int) -> None:
+    def check_can_run(self, num_prompt_tokens: int, max_tokens: int, n: int = 1) -> None:
         """Refuse (ValueError) a request that could never finish in this pool: the submission rule
-        (`inflight.engine.liveness.check_can_run`), which admission and growth agree with."""
-        check_can_run(num_prompt_tokens, max_tokens, self.config.max_model_len, self.allocator.num_blocks,
-                      self.block_size)
+        (`inflight.engine.liveness.check_can_run`), which admission and growth agree with; and `n`
+        samples that could not run side by side (`check_samples_fit`)."""
+        cfg = self.config
+        check_can_run(num_prompt_tokens, max_tokens, cfg.max_model_len, self.allocator.num_blocks, self.block_size,
+                      n, cfg.max_batch_size)
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request (its place follows its priority, then its arrival)."""
@@ -125,11 +137,16 @@ class Scheduler:
                 q = max(min(remaining, tokens) if cfg.enable_chunked_prefill else remaining, 0)
                 s.num_scheduled_tokens = q
                 tokens -= q
-        plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table))
+        # a shared block a sample writes into first is not one it can write: its copy is a new block
+        alloc = self.allocator
+        plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table)
+                                    - (s.group is not None and s.num_scheduled_tokens > 0
+                                       and shares_write_block(alloc, s)))
                      for s in self.running)
-        b = compute(BudgetInputs(plan, self.allocator.num_free, self.block_size, cfg.watermark_blocks,
+        b = compute(BudgetInputs(plan, alloc.num_free, self.block_size, cfg.watermark_blocks,
                                  cfg.max_batched_tokens, cfg.max_batch_size))
-        b = Budget(b.blocks, b.tokens, b.slots, cfg.watermark_blocks)  # a copy: a learner's object stays theirs
+        reserved = sum(draws(s) - 1 for s in self.running if s.group is not None)  # slots of samples to fork
+        b = Budget(b.blocks, b.tokens, b.slots - reserved, cfg.watermark_blocks)  # a copy: a learner's stays theirs
         self.events.budget = b
         return b
 
@@ -145,7 +162,7 @@ class Scheduler:
         while self.swapped and b.slots > 0 and b.tokens > 0:
             s = self.swapped[0]
             q, need = self.admission_cost(s, b)
-            if q == 0 or not self._fits(need, b) or not self._can_allocate(need):
+            if q == 0 or b.slots < draws(s) or not self._fits(need, b) or not self._can_allocate(need):
                 break
             self.swapped.pop(0)
             self._swap_in(s, need)
@@ -157,7 +174,7 @@ class Scheduler:
         while self.waiting and b.slots > 0 and b.tokens > 0:
             s = self.waiting[0]
             q, need, cost, hit, cached = self._prompt_cost(s, b)
-            if q == 0 or not self._fits(cost, b) or not self._can_allocate(cost):
+            if q == 0 or b.slots < draws(s) or not self._fits(cost, b) or not self._can_allocate(cost):
                 break
             self.waiting.pop(0)
             self.allocate_prompt(s, need, hit, cached)
@@ -177,7 +194,9 @@ class Scheduler:
     def _prompt_cost(self, s: Sequence, b: Budget) -> tuple[int, int, int, list[int], int]:
         """A waiting request's first chunk: its tokens q, the new blocks it needs, what that costs
         the pool, and the prefix-cache hit it starts from (blocks, tokens)."""
-        hit, cached = cached_prefix(self.allocator, s) if self.config.enable_prefix_caching else ([], 0)
+        # (prompt log-probabilities need the logits of every prompt token: no cached prefix until they are in)
+        lookup = self.config.enable_prefix_caching and not wants_prompt_logprobs(s)
+        hit, cached = cached_prefix(self.allocator, s) if lookup else ([], 0)
         q = self._chunk(s, b, cached)
         need = blocks_needed(cached + q, self.block_size) - len(hit)
         # reviving a cached block nobody holds uses up a free block, just like a new one
@@ -221,28 +240,30 @@ class Scheduler:
         self.running.append(s)
         b.blocks -= need
         b.tokens -= q
-        b.slots -= 1
+        b.slots -= draws(s)  # a carrier holds the slots of the samples it forks into
 
     # -- 4. preempt ------------------------------------------------------------------------------
     def preempt(self) -> list[Sequence]:
         """Allocate the blocks each running request's scheduled tokens need; when the pool runs dry,
         preempt the lowest-priority (latest-arrived) running request until the rest fit."""
         alloc = self.allocator
-        needs = [(s, blocks_needed(s.num_computed_tokens + s.num_scheduled_tokens, self.block_size)
-                  - len(s.block_table)) for s in self.running if s.num_scheduled_tokens]
+        needs = [(s, write_cost(alloc, s) if s.group is not None else  # (a sample may need a copy too)
+                  blocks_needed(s.num_computed_tokens + s.num_scheduled_tokens, self.block_size) - len(s.block_table))
+                 for s in self.running if s.num_scheduled_tokens]
         needs = [(s, n) for s, n in needs if n > 0]
         victims: list[Sequence] = []
         if sum(n for _, n in needs) <= alloc.num_free:  # the common case: everything fits
-            for s, n in needs:
-                s.block_table.extend(alloc.allocate(n))
+            for s, _ in needs:
+                grow(alloc, s, self.copy_blocks)
             return victims
-        for s, n in sorted(needs, key=lambda sn: _key(sn[0])):  # most important first
-            while s.status is SequenceStatus.RUNNING and n > alloc.num_free:
+        for s, _ in sorted(needs, key=lambda sn: _key(sn[0])):  # most important first
+            # (asked again each time: a victim that shared s's block may have left s its only holder)
+            while s.status is SequenceStatus.RUNNING and write_cost(alloc, s) > alloc.num_free:
                 victim = self.choose_victim()
                 self._preempt(victim)
                 victims.append(victim)
             if s.status is SequenceStatus.RUNNING:  # (it may itself have been the victim)
-                s.block_table.extend(alloc.allocate(n))
+                grow(alloc, s, self.copy_blocks)
         return victims
 
     def choose_victim(self) -> Sequence:
@@ -304,44 +325,40 @@ class Scheduler:
         return SchedulerOutput(seqs, prefill, decode)
 
     def update(self, out: SchedulerOutput, sampled: Iterable[int], now: float,
-               errors: Mapping[int, str] | None = None) -> list[Sequence]:
+               errors: Mapping[int, str] | None = None, logprobs: StepLogprobs | None = None) -> list[Sequence]:
         """After the forward pass: count the computed tokens and append one sampled token to each
-        request whose prefill is complete (`sampled` has one id per such request, in batch order).
-
-        `errors[k]` says why the k-th of those requests got no token (its sampling failed): it ends
-        with finish_reason "error" and that message, and the others go on. A stop check that fails
-        ends its own request the same way."""
-        eos, max_len = self.config.eos_token_ids, self.config.max_model_len
+        request whose prefill is complete (`sampled`: one id per draw, in batch order — `n` for a
+        carrier whose prompt is now in, which forks into its samples here), with its log-probability
+        if asked (`logprobs`, `inflight.engine.logprobs`). `errors[k]` says why the k-th draw gave no
+        token: that sample ends with finish_reason "error" and the message, the others go on (so
+        does a stop check that fails)."""
         it = iter(sampled)
         touched = []
         k = -1
+        for s, first, rows in logprobs.prompt if logprobs is not None else ():
+            record_prompt(s, first, rows)
         for s in out.seqs:  # (the plan, num_scheduled_tokens, stays until the next budget replaces it)
             s.num_computed_tokens += s.num_scheduled_tokens
             if self.config.enable_prefix_caching:
                 cache_full_blocks(self.allocator, s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
-            token, k = next(it), k + 1
+            tokens = [next(it)] if s.group is None else [next(it) for _ in range(draws(s))]
             if s.finish_reason is not None:  # decoding a request that had already finished: wasted work
-                self.events.wasted_tokens += 1
+                self.events.wasted_tokens += len(tokens)
+                k += len(tokens)
                 continue
-            if errors and k in errors:
-                fail(s, f"sampling failed: {errors[k]}", now)
-                touched.append(s)
-                continue
-            s.token_ids.append(token)
-            s.token_times.append(now)
-            if s.first_token_time is None:
-                s.first_token_time = now
-            try:
-                reason = check_stop(s, eos, max_len)
-            except Exception as exc:  # noqa: BLE001 - the last line of defence: one request's problem stays its own
-                fail(s, f"stop check failed ({type(exc).__name__}: {exc})", now)
-            else:
-                if reason is not None:
-                    s.finish_reason = reason
-                    s.finish_time = now
-            touched.append(s)
+            if len(tokens) > 1:  # the prompt is in: its request's other samples join, sharing its blocks
+                self.events.forked.extend(fork(s, self.allocator, self.running))
+            samples = request_samples(s) if len(tokens) > 1 else [s]
+            for sample, token in zip(samples, tokens):
+                k += 1
+                if errors and k in errors:
+                    fail(sample, f"sampling failed: {errors[k]}", now)
+                else:
+                    append_token(sample, token, now, self.config.eos_token_ids, self.config.max_model_len)
+                    record_sampled(sample, logprobs.sampled.get(k) if logprobs is not None else None)
+                touched.append(sample)
         return touched
 
     def release_unused(self, out: SchedulerOutput) -> None:
@@ -357,6 +374,11 @@ class Scheduler:
     def sampling_mask(self, out: SchedulerOutput) -> list[bool]:
         """Which requests of the batch sample a token this step (their prefill completes)."""
         return [s.num_computed_tokens + s.num_scheduled_tokens == s.num_tokens for s in out.seqs]
+
+    def num_draws(self, out: SchedulerOutput) -> int:
+        """Tokens the batch's sampling draws: one per request whose prefill completes, `n` for a
+        carrier about to fork (what `update` then takes)."""
+        return sum(draws(s) for s, m in zip(out.seqs, self.sampling_mask(out)) if m)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the books don't balance (see `inflight.engine.invariants`)."""

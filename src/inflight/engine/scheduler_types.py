@@ -54,6 +54,7 @@ class StepEvents:
     admitted: list[Sequence] = field(default_factory=list)
     swapped_in: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    forked: list[Sequence] = field(default_factory=list)  # samples that joined when their prompt was in
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     overcommitted_blocks: int = 0   # admission trusted a budget the pool could not honour

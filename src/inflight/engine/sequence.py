@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from inflight.engine.sampling import SamplingParams
 
-__all__ = ["SequenceStatus", "Sequence", "check_stop", "fail"]
+__all__ = ["SequenceStatus", "Sequence", "check_stop", "append_token", "fail"]
 
 
 class SequenceStatus(enum.Enum):
@@ -33,7 +33,8 @@ class Sequence:
                  "status", "num_computed_tokens", "num_scheduled_tokens", "block_table", "cpu_block_table",
                  "generator", "first_token_time", "token_times", "finish_time", "finish_reason", "seq_no",
                  "num_preemptions", "sort_key", "priority", "block_hashes", "num_cached_blocks",
-                 "num_cached_tokens", "error", "first_scheduled_time", "detokenizer")
+                 "num_cached_tokens", "error", "first_scheduled_time", "detokenizer", "index", "group", "logprobs",
+                 "prompt_logprobs", "cumulative_logprob")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams", arrival_time: float,
                  seq_no: int = 0, generator: "torch.Generator | None" = None):
@@ -66,6 +67,15 @@ class Sequence:
         self.num_cached_blocks = 0
         self.num_cached_tokens = 0
         self.detokenizer = None  # its text so far and stop strings (engine.detokenizer), with a tokenizer
+        # parallel sampling (engine.parallel_sampling): which sample of its request this is, and the
+        # request's samples (None for n=1)
+        self.index = 0
+        self.group = None
+        # log-probabilities, when asked for (engine.logprobs): one entry per generated token, their
+        # sum, and one per prompt token (the first is None: nothing predicts it)
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +105,24 @@ def check_stop(seq: Sequence, eos_token_ids: frozenset[int] | set[int], max_mode
     if seq.num_tokens - seq.num_prompt_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
         return "length"
     return None
+
+
+def append_token(seq: Sequence, token: int, now: float, eos_token_ids: frozenset[int] | set[int],
+                 max_model_len: int) -> None:
+    """Append a sampled token to `seq` (with its time) and end `seq` if it must stop now. A stop
+    check that raises ends `seq` alone, with the error (the last line of defence)."""
+    seq.token_ids.append(token)
+    seq.token_times.append(now)
+    if seq.first_token_time is None:
+        seq.first_token_time = now
+    try:
+        reason = check_stop(seq, eos_token_ids, max_model_len)
+    except Exception as exc:  # noqa: BLE001 - one request's problem stays its own
+        fail(seq, f"stop check failed ({type(exc).__name__}: {exc})", now)
+    else:
+        if reason is not None:
+            seq.finish_reason = reason
+            seq.finish_time = now
 
 
 def fail(seq: Sequence, why: str, now: float) -> None:

@@ -111,6 +111,18 @@ class KVCache:
     def nbytes(self) -> int:
         return self.bytes_per_block * self.num_blocks
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy the keys and values of block `src` into block `dst` for each `(src, dst)`, in every
+        layer (copy-on-write of a block several sequences shared). One gather and one scatter per
+        tensor: the sources are read before any destination is written."""
+        if not pairs:
+            return
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=self.device)
+        for cache in (self.k_cache, self.v_cache):
+            for layer in cache:
+                layer[dst] = layer[src]
+
     def __repr__(self) -> str:
         return (f"KVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
                 f"num_blocks={self.num_blocks}, block_size={self.block_size}, dtype={self.dtype}, "

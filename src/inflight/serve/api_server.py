@@ -37,8 +37,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from inflight import checks
+from inflight.engine.liveness import samples_room
 from inflight.serve import openapi, protocol, responses
-from inflight.serve.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from inflight.serve.answers import Answer, stream_answer, whole_answer
+from inflight.serve.async_engine import AsyncEngine, RequestStream
 from inflight.serve.metrics import CONTENT_TYPE, ServerMetrics
 from inflight.serve.protocol import RequestError
 
@@ -163,13 +165,15 @@ class OpenAIServing:
         except ClientDisconnect:  # gone before its body was whole: nobody to answer
             return Response(status_code=499)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        shape = _Shape(rid, self.model_name, responses.now(), chat, len(ids))
+        shape = Answer(rid, self.model_name, responses.now(), chat, ids, req, params.n, self.llm.tokenizer)
         # queued now, with no await since the admission check: a burst of handlers each count the ones before
         deltas = self.engine.add_request(ids, params, rid, arrival)
         if req.stream:
-            return _EventStream(deltas, _stream(deltas, shape, req))
+            return _EventStream(deltas, stream_answer(deltas, shape, req))
         try:
-            answer = await _unless_disconnected(request, _collect(deltas, shape))
+            answer = await _unless_disconnected(request, whole_answer(deltas, shape))
+        except RequestError as exc:  # (it failed on the way)
+            return _error(exc)
         finally:
             deltas.close()
         return answer if answer is not None else Response(status_code=499)  # (nobody is listening any more)
@@ -187,8 +191,10 @@ class OpenAIServing:
                 req = protocol.completion_request(body, self.model_name)
             ids = checks.prompt(req.prompt, llm.config.vocab_size, llm.tokenizer)
             # a chat's default is the rest of the context, or of the pool where that is smaller (a request
-            # holds at most prompt + max_tokens - 1 tokens of KV: inflight.engine.liveness.max_kv_tokens)
-            room = min(llm.max_model_len, llm.num_blocks * llm.block_size + 1) - len(ids)
+            # holds at most prompt + max_tokens - 1 tokens of KV: inflight.engine.liveness.max_kv_tokens),
+            # for each of its n samples side by side (a bad n is refused below, by the engine's check)
+            room = samples_room(max(req.sampling.get("n", 1), 1), len(ids), llm.max_model_len, llm.num_blocks,
+                                llm.block_size)
             default = room if chat else protocol.DEFAULT_COMPLETION_TOKENS
             want = req.sampling.get("max_tokens", default)
             # a prompt that fits but leaves no room for max_tokens is refused, as vLLM does (the engine would cut
@@ -287,63 +293,6 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.deltas.close()
-
-
-class _Shape:
-    """How to write one request's answer: its id, model, creation time, endpoint and prompt size."""
-
-    def __init__(self, rid: str, model: str, created: int, chat: bool, prompt_tokens: int):
-        self.rid, self.model, self.created, self.chat, self.prompt_tokens = rid, model, created, chat, prompt_tokens
-
-    def chunk(self, text: str | None, finish: str | None, usage: dict | None = None, role: bool = False) -> str:
-        if self.chat:
-            return responses.sse(responses.chat_object(self.rid, self.model, self.created, text, finish, usage,
-                                                       chunk=True, role=role))
-        return responses.sse(responses.completion_object(self.rid, self.model, self.created, text, finish, usage,
-                                                         chunk=True))
-
-
-async def _stream(deltas: RequestStream, shape: _Shape, req: protocol.GenerationRequest) -> AsyncIterator[str]:
-    """The SSE body: a chunk per delta with text (or an ending), the usage chunk if asked, [DONE]."""
-    completion = 0
-    try:
-        if shape.chat:
-            yield shape.chunk("", None, role=True)
-        async for delta in deltas:
-            completion += len(delta.token_ids)
-            if delta.finish_reason == "error":
-                yield responses.sse(responses.error_body(f"the request failed: {delta.error}", "internal_server_error"))
-                break
-            if delta.text or delta.finished:
-                running = responses.usage(shape.prompt_tokens, completion) if req.continuous_usage else None
-                yield shape.chunk(delta.text if delta.text or not shape.chat else None, delta.finish_reason, running)
-        if req.include_usage:
-            yield shape.chunk(None, None, responses.usage(shape.prompt_tokens, completion))
-    except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
-        yield responses.sse(responses.error_body(str(exc), "internal_server_error"))
-    finally:
-        deltas.close()  # (cancelled or failed before the end: this aborts the request)
-    yield responses.SSE_DONE
-
-
-async def _collect(deltas: RequestStream, shape: _Shape) -> Response:
-    """A whole (non-streamed) answer."""
-    text, completion, finish = [], 0, None
-    try:
-        async for delta in deltas:
-            text.append(delta.text)
-            completion += len(delta.token_ids)
-            finish = delta.finish_reason
-            if finish == "error":
-                return _error(RequestError(f"the request failed: {delta.error}", status=500,
-                                           type="internal_server_error"))
-    except (EngineDeadError, ValueError, TypeError) as exc:  # the loop died, or refused the request
-        return _error(RequestError(str(exc), status=500, type="internal_server_error"))
-    finally:
-        deltas.close()
-    usage = responses.usage(shape.prompt_tokens, completion)
-    make = responses.chat_object if shape.chat else responses.completion_object
-    return JSONResponse(make(shape.rid, shape.model, shape.created, "".join(text), finish, usage))
 
 
 async def _unless_disconnected(request: Request, work: Any) -> Any:

@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.outputs import RequestOutput
 from inflight.engine.sampling import SamplingParams
+from inflight.serve.deltas import Sent, is_due, make_delta
 from inflight.serve.output_collector import RequestOutputCollector, StreamDelta
 
 __all__ = ["AsyncEngine", "RequestStream", "EngineDeadError", "EngineSnapshot", "LOOP_MODES"]
@@ -92,7 +93,7 @@ class AsyncEngine:
         self._pending_adds = 0                      # requests added, not yet in a snapshot (guarded by _cond)
         self._stopping = False
         self._collectors: dict[str, RequestOutputCollector] = {}  # event-loop thread only
-        self._sent: dict[str, tuple[int, int]] = {}  # loop only: (tokens, characters) each request has been sent
+        self._sent: dict[str, list[Sent]] = {}      # loop only: what each request's samples have been sent
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None     # task mode: new commands
         self._runner: threading.Thread | asyncio.Task | None = None
@@ -234,7 +235,7 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(cmd.prompt_token_ids, cmd.params, request_id=cmd.request_id,
                                             arrival_time=cmd.arrival_time)
-                    self._sent[cmd.request_id] = (0, 0)
+                    self._sent[cmd.request_id] = []
                 except (ValueError, TypeError) as exc:  # checked before, so only an id clash gets here
                     deltas.append((cmd.request_id, exc))
         if stopping:
@@ -258,19 +259,14 @@ class AsyncEngine:
 
     def _due(self, out: RequestOutput) -> bool:
         """Whether `out` goes to its client now: its first token at once, its end, else every
-        `stream_interval` tokens."""
-        sent = self._sent.get(out.request_id, (0, 0))[0]
-        return out.finished or sent == 0 or len(out.token_ids) - sent >= self.stream_interval
+        `stream_interval` tokens (`inflight.serve.deltas`)."""
+        return is_due(out, self._sent.get(out.request_id, []), self.stream_interval)
 
     def _delta(self, out: RequestOutput) -> StreamDelta:
         """What `out` adds to what its request has been sent so far."""
-        n_tokens, n_chars = self._sent.get(out.request_id, (0, 0))
-        text = out.text or ""
-        delta = StreamDelta(out.token_ids[n_tokens:], text[n_chars:], out.finish_reason, out.error)
+        delta = make_delta(out, self._sent.setdefault(out.request_id, []))
         if out.finished:
             self._sent.pop(out.request_id, None)
-        else:
-            self._sent[out.request_id] = (len(out.token_ids), len(text))
         return delta
 
     def _publish(self, added: int) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from inflight.checks import show
+from inflight.engine.sampling import MAX_LOGPROBS
 
 __all__ = ["Param", "FIELDS", "HONOURED", "ACCEPTED", "NEUTRAL_ONLY", "fields_for", "field_table", "Open",
            "ChatMessage", "ContentPart", "StreamOptions", "neutral_check"]
@@ -133,7 +134,7 @@ _NOT_OPENAI, _NOT_VLLM = "not in OpenAI's API", "ignores it (logged)"
 _SG = "not in OpenAI's API (SGLang's; vllm-router sends it)"
 
 #: The table. Order: what every request uses, then OpenAI's optional fields, then vLLM's and
-#: SGLang's extensions. (`n` and `logprobs` are the next to become honoured.)
+#: SGLang's extensions.
 FIELDS: tuple[Param, ...] = (
     _p("model", _STR, HONOURED, "required", "optional; another name is a 404", "optional; another name is a 404"),
     _p("prompt", _PROMPT, HONOURED, "a string, tokens, or a batch of them", _VLLM,
@@ -154,13 +155,17 @@ FIELDS: tuple[Param, ...] = (
     _p("stream_options", Optional[StreamOptions], HONOURED, "include_usage", "adds continuous_usage_stats",
        "both honoured; only with stream"),
     _p("user", _STR, ACCEPTED, "an end-user id, for abuse reports", "ignores it", "nothing to do"),
-    _p("n", _INT, NEUTRAL_ONLY, "n choices", "n choices", "one completion per request", neutral=(None, 1)),
-    _p("logprobs", Optional[Union[bool, int]], NEUTRAL_ONLY, "log-probabilities", _VLLM,
-       "it returns no log-probabilities", neutral=(None, False)),
-    _p("top_logprobs", _INT, NEUTRAL_ONLY, "with logprobs", _VLLM, "it returns no log-probabilities",
-       endpoints=(CHAT,), neutral=(None, 0)),
-    _p("echo", _BOOL, NEUTRAL_ONLY, "completions: repeat the prompt", _VLLM, "it does not repeat the prompt",
-       neutral=(None, False)),
+    _p("n", _INT, HONOURED, "n choices", "n choices", "n samples of one prefill, sharing its KV blocks (at most "
+       "max_num_seqs, and what the pool holds side by side)", sampling=True, bounds={"minimum": 1}),
+    _p("logprobs", _INT, HONOURED, "log-probabilities of each token and the top k (0-5)", "the top k (0-20)",
+       "the top k, at most 20, raw (before temperature and top_p)", endpoints=(COMPLETIONS,),
+       bounds={"minimum": 0, "maximum": MAX_LOGPROBS}),
+    _p("logprobs", _BOOL, HONOURED, "log-probabilities of each token", _VLLM,
+       "honoured: raw (before temperature and top_p)", endpoints=(CHAT,)),
+    _p("top_logprobs", _INT, HONOURED, "the top k (0-20) with logprobs", _VLLM, "honoured (0-20, needs logprobs)",
+       endpoints=(CHAT,), bounds={"minimum": 0, "maximum": MAX_LOGPROBS}),
+    _p("echo", _BOOL, HONOURED, "completions: the prompt before the answer (with logprobs: its tokens' too)",
+       _VLLM, "honoured, the prompt's log-probabilities with logprobs", endpoints=(COMPLETIONS,)),
     _p("best_of", _INT, NEUTRAL_ONLY, "completions: best of n", "V1: only 1", "it samples one completion",
        endpoints=(COMPLETIONS,), neutral=(None, 1)),
     _p("suffix", _STR, NEUTRAL_ONLY, "completions: text after the insertion", "refuses it (400)", "it does not insert",

@@ -23,16 +23,42 @@ __all__ = ["StreamDelta", "RequestOutputCollector"]
 @dataclass
 class StreamDelta:
     """What one request got since the last delta: its new tokens, their text (whole characters
-    only), and why it ended, if it did (`finish_reason` "stop", "length", "abort" or "error")."""
+    only), and why it ended, if it did (`finish_reason` "stop", "length", "abort" or "error").
+
+    With log-probabilities asked for, `logprobs` has one entry per new token (`RequestOutput`'s
+    form), and the first delta carries the prompt's (`prompt_logprobs`). A request of `n > 1`
+    samples gets its samples' deltas in `samples` (by index: only those that moved), and the
+    request's own fields say only when it has ended (every sample has)."""
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None  # why, when finish_reason is "error"
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+    samples: dict[int, "StreamDelta"] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def merge(self, later: "StreamDelta") -> None:
+        """Take in the delta that came after this one (an unread delta absorbs the next)."""
+        self.token_ids.extend(later.token_ids)
+        self.text += later.text
+        if later.finish_reason is not None:  # (a delta that did not end the request changes no ending)
+            self.finish_reason, self.error = later.finish_reason, later.error
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
+        for i, d in (later.samples or {}).items():
+            if self.samples is None:
+                self.samples = {}
+            if i in self.samples:
+                self.samples[i].merge(d)
+            else:
+                self.samples[i] = d
 
 
 class RequestOutputCollector:
@@ -52,11 +78,7 @@ class RequestOutputCollector:
             self.output = item
             self.ready.set()
         elif isinstance(self.output, StreamDelta):
-            pending = self.output
-            pending.token_ids.extend(item.token_ids)
-            pending.text += item.text
-            if item.finish_reason is not None:
-                pending.finish_reason, pending.error = item.finish_reason, item.error
+            self.output.merge(item)  # (tokens and text appended, the newer finish reason kept)
 
     def get_nowait(self) -> StreamDelta | None:
         """The pending delta (taken), or None; raises the pending error."""

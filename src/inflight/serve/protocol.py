@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from inflight.checks import integer, show
-from inflight.engine.sampling import SamplingParams
+from inflight.engine.sampling import MAX_LOGPROBS, SamplingParams
 from inflight.serve import fields
 from inflight.serve.fields import ChatMessage, Open
 
@@ -79,6 +79,8 @@ class GenerationRequest:
     model: str | None
     fields: dict[str, Any]
     ignored: list[str]         # the fields the table does not know ("x", "messages[].y"), ignored
+    logprobs: int | None = None  # the top k to return for each token, when log-probabilities are asked for
+    echo: bool = False         # completions: the prompt comes back before each answer
 
     def params(self, default_max_tokens: int) -> SamplingParams:
         """The SamplingParams (a bad value raises the engine's own ValueError/TypeError)."""
@@ -238,7 +240,21 @@ def completion_request(body: dict, served_model: str) -> GenerationRequest:
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise RequestError(f"a batch of {len(prompt)} prompts: send one prompt per request", param="prompt")
     req.prompt = prompt
+    req.logprobs = _top_k(req.fields.get("logprobs"), "logprobs")
+    req.echo = bool(req.fields.get("echo"))
+    if req.logprobs is not None:
+        req.sampling["logprobs"] = req.logprobs
+        if req.echo:  # the prompt's own tokens, as evaluation harnesses score them
+            req.sampling["prompt_logprobs"] = req.logprobs
     return req
+
+
+def _top_k(k: int | None, name: str) -> int | None:
+    """A number of alternatives per token, within what the server returns."""
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise RequestError(f"{name}={show(k)}: the server returns between 0 and {MAX_LOGPROBS} alternatives per token "
+                           "(OpenAI's limit for top_logprobs)", param=name)
+    return k
 
 
 def chat_request(body: dict, served_model: str, roles: tuple[str, ...] = PLAIN_ROLES
@@ -258,6 +274,12 @@ def chat_request(body: dict, served_model: str, roles: tuple[str, ...] = PLAIN_R
                            "continues the last message, the second starts a new one)", param="continue_final_message")
     if not body["messages"]:
         raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
+    top = _top_k(req.fields.get("top_logprobs"), "top_logprobs")
+    if req.fields.get("logprobs"):
+        req.logprobs = req.sampling["logprobs"] = top or 0
+    elif top:
+        raise RequestError("top_logprobs needs logprobs: true (it says how many alternatives to return with each "
+                           "token's log-probability)", param="top_logprobs")
     return req, [_message(m, i, roles) for i, m in enumerate(checked.messages)]
 
 

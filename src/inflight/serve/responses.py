@@ -11,7 +11,8 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 __all__ = ["ErrorResponse", "CompletionResponse", "ChatCompletionResponse", "CompletionChunk", "ChatCompletionChunk",
-           "ModelCard", "ModelList", "error_body", "usage", "completion_object", "chat_object", "model_card", "sse",
+           "ModelCard", "ModelList", "error_body", "usage", "completion_object", "completion_choice", "chat_object",
+           "chat_choice", "model_card", "sse",
            "SSE_DONE", "now"]
 
 FinishReason = Optional[Literal["stop", "length", "abort", "error"]]
@@ -40,10 +41,20 @@ class Usage(_Closed):
     total_tokens: int
 
 
+class CompletionLogprobs(_Closed):
+    """OpenAI's legacy log-probabilities of a completion's tokens (the prompt's too with echo: its
+    first token has none)."""
+
+    tokens: list[str]
+    token_logprobs: list[Optional[float]]
+    top_logprobs: list[Optional[dict[str, float]]]
+    text_offset: list[int]
+
+
 class CompletionChoice(_Closed):
     index: int
     text: str
-    logprobs: None
+    logprobs: Optional[CompletionLogprobs]
     finish_reason: FinishReason
 
 
@@ -63,6 +74,23 @@ class CompletionChunk(CompletionResponse):
     usage: Optional[Usage] = None
 
 
+class TopLogprob(_Closed):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]]
+
+
+class TokenLogprob(TopLogprob):
+    """One token of a chat answer with its log-probability and the most likely alternatives."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Closed):
+    content: Optional[list[TokenLogprob]]
+    refusal: None = None
+
+
 class AssistantMessage(_Closed):
     role: Literal["assistant"]
     content: Optional[str]
@@ -72,7 +100,7 @@ class AssistantMessage(_Closed):
 class ChatChoice(_Closed):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: Optional[ChatLogprobs]
     finish_reason: FinishReason
 
 
@@ -93,7 +121,7 @@ class Delta(_Closed):
 class ChatChunkChoice(_Closed):
     index: int
     delta: Delta
-    logprobs: None
+    logprobs: Optional[ChatLogprobs]
     finish_reason: FinishReason
 
 
@@ -134,33 +162,48 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def completion_object(request_id: str, model: str, created: int, text: str | None, finish_reason: str | None,
-                      usage_: dict | None = None, chunk: bool = False) -> dict:
-    """A text completion, or one of its stream chunks (`text` is then the new text)."""
-    out = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-           "choices": [] if text is None else [{"index": 0, "text": text, "logprobs": None,
-                                                "finish_reason": finish_reason}]}
+                      usage_: dict | None = None, chunk: bool = False, index: int = 0, logprobs: dict | None = None,
+                      choices: list[dict] | None = None) -> dict:
+    """A text completion, or one of its stream chunks (`text` is then the new text) — of choice
+    `index`, or of every choice (`choices`, from `completion_choice`)."""
+    if choices is None:
+        choices = [] if text is None else [completion_choice(index, text, finish_reason, logprobs)]
+    out = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": choices}
     if usage_ is not None or not chunk:
         out["usage"] = usage_
     return out
 
 
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_choice(index: int, content: str | None, finish_reason: str | None, logprobs: list | None = None) -> dict:
+    """One choice of a whole chat answer (`logprobs`: its `content` entries, when asked for)."""
+    return {"index": index, "message": {"role": "assistant", "content": content, "refusal": None},
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish_reason}
+
+
 def chat_object(request_id: str, model: str, created: int, content: str | None, finish_reason: str | None,
-                usage_: dict | None = None, chunk: bool = False, role: bool = False) -> dict:
+                usage_: dict | None = None, chunk: bool = False, role: bool = False, index: int = 0,
+                logprobs: list | None = None, choices: list[dict] | None = None) -> dict:
     """A chat completion, or one of its stream chunks (`content` is then the new text; `role` marks
-    the first chunk, which carries the assistant's role)."""
+    the first chunk of a choice, which carries the assistant's role) — of choice `index`, or of
+    every choice (`choices`, from `chat_choice`)."""
+    lp = None if logprobs is None else {"content": logprobs, "refusal": None}
     if chunk:
         delta = {} if content is None and not role else {"role": "assistant", "content": content or ""} if role \
             else {"content": content}
-        choices = [] if content is None and finish_reason is None and not role else \
-            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        choices = [] if content is None and finish_reason is None and not role and lp is None else \
+            [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}]
         out = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": choices}
         if usage_ is not None:
             out["usage"] = usage_
         return out
-    message = {"role": "assistant", "content": content, "refusal": None}
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": choices if choices is not None else [chat_choice(index, content, finish_reason, logprobs)],
             "usage": usage_}
 
 

@@ -7,6 +7,8 @@ growth and preemption rules the engine runs. `decode()` "runs" the batch: every 
 counts as computed and each request whose prefill is complete gets one token (id 1, never a stop
 token). Steps are the clock: TTFT is measured in steps. With `enable_prefix_caching`, prompts share
 cached blocks as in the engine (`prompts` gives their token ids; by default every prompt is all 1s).
+`samples` asks for `n` samples of some requests (parallel sampling, as `SamplingParams(n=...)`):
+one prefill, then samples that share the prompt's blocks and copy the last one on their first write.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from inflight.engine.block_manager import BlockAllocator, blocks_needed
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.sampling import SamplingParams
 from inflight.engine.budget import Budget, BudgetInputs
+from inflight.engine.parallel_sampling import SampleGroup
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.sequence import Sequence as Seq
 from inflight.sim.workloads import Request
@@ -33,9 +36,10 @@ class SimEngine:
     def __init__(self, requests: Sequence[Request], num_blocks: int, block_size: int = 4, max_batch_size: int = 4,
                  max_batched_tokens: int = 64, enable_chunked_prefill: bool = True, preemption: str = "recompute",
                  watermark_blocks: int = 0, enable_prefix_caching: bool = False,
-                 prompts: Mapping[str, Sequence[int]] | None = None):
+                 prompts: Mapping[str, Sequence[int]] | None = None, samples: Mapping[str, int] | None = None):
         """`requests`: `inflight.sim.workloads.Request`s (prompt_len, output_len, arrival step);
-        `prompts`: the token ids of some of them, by request id (the others are all 1s)."""
+        `prompts`: the token ids of some of them, by request id (the others are all 1s); `samples`:
+        how many samples some of them ask for, by request id (the others one)."""
         cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
                               enable_chunked_prefill=enable_chunked_prefill, preemption=preemption,
                               watermark_blocks=watermark_blocks, max_model_len=10**6,
@@ -44,6 +48,7 @@ class SimEngine:
         pool = PrefixCachingBlockAllocator if cfg.enable_prefix_caching else BlockAllocator
         self.scheduler = Scheduler(pool(num_blocks, block_size), cfg, cpu)
         self.prompts = {str(k): token_ids(f"prompts[{k!r}]", v) for k, v in (prompts or {}).items()}
+        self.samples = {str(k): integer(f"samples[{k!r}]", v, minimum=1) for k, v in (samples or {}).items()}
         for r in requests:
             self._check(r)
         self.pending = sorted(enumerate(requests), key=lambda ir: (ir[1].arrival, ir[0]))
@@ -65,7 +70,7 @@ class SimEngine:
         output_len = integer(f"request {r.id!r}: output_len", r.output_len, minimum=1)
         integer(f"request {r.id!r}: arrival", r.arrival, minimum=0)
         try:
-            self.scheduler.check_can_run(prompt_len, output_len)
+            self.scheduler.check_can_run(prompt_len, output_len, self.samples.get(str(r.id), 1))
         except ValueError as exc:
             raise ValueError(f"request {r.id!r}: {exc}") from None
 
@@ -105,8 +110,7 @@ class SimEngine:
         self.calls.append("decode")
         sched = self.scheduler
         batch = sched.batch()
-        n = sum(sched.sampling_mask(batch))
-        sched.update(batch, [1] * n, float(self.step_no))  # token 1 is never a stop token here
+        sched.update(batch, [1] * sched.num_draws(batch), float(self.step_no))  # token 1 is never a stop token here
         self._batch = batch
         return batch
 
@@ -123,8 +127,12 @@ class SimEngine:
         while self.pending and self.pending[0][1].arrival <= self.step_no:
             i, r = self.pending.pop(0)
             tokens = list(self.prompts.get(str(r.id), [1] * r.prompt_len))
-            seq = Seq(str(r.id), tokens, SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+            n = self.samples.get(str(r.id), 1)
+            seq = Seq(str(r.id), tokens, SamplingParams(max_tokens=r.output_len, ignore_eos=True, n=n),
                       arrival_time=float(self.step_no), seq_no=i)
+            if n > 1:  # the carrier of its samples, as the engine builds it
+                seq.group = SampleGroup(n)
+                seq.group.samples.append(seq)
             self.seqs.append(seq)
             self.scheduler.add(seq)
 
