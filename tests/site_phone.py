@@ -24,14 +24,20 @@ from site_probe import (LONG_TASK_MS, LONG_TASKS_INIT, WEIGHT_BUDGET_KB, Traffic
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 3, "is_mobile": True, "has_touch": True}
 SWIPE_PX = 240  # one vertical swipe; the page must follow at least half of it
 
-_WIDTH_JS = """() => {
-  const W = window.innerWidth, wide = document.documentElement.scrollWidth;
+# (a phone zooms a page wider than its screen out: the layout viewport, innerWidth, grows with it)
+_WIDTH_JS = """W => {
+  const wide = Math.max(document.documentElement.scrollWidth, window.innerWidth);
   if (wide <= W + 1) return {wide, culprits: []};
   const culprits = [];
+  const clipped = el => {  // inside a box that scrolls or clips: it does not widen the page
+    for (let e = el.parentElement; e && e !== document.body; e = e.parentElement)
+      if (getComputedStyle(e).overflowX !== 'visible') return true;
+    return false;
+  };
   for (const el of document.querySelectorAll('body *')) {
     const r = el.getBoundingClientRect();
-    if (r.right <= W + 1 || r.width === 0) continue;
-    if (Array.from(el.children).some(c => c.getBoundingClientRect().right > W + 1)) continue;
+    if (r.right <= W + 1 || r.width === 0 || clipped(el)) continue;
+    if (Array.from(el.children).some(c => c.getBoundingClientRect().right > W + 1 && !clipped(c))) continue;
     culprits.push(`${el.tagName.toLowerCase()}.${(el.getAttribute('class') || '').split(' ')[0]}`
                   + ` ${Math.round(r.right)} px: ${(el.textContent || '').trim().slice(0, 50)}`);
     if (culprits.length >= 3) break;
@@ -99,7 +105,7 @@ def menu_problems(page, rel: str) -> list[str]:
 
 
 def width_problems(page, rel: str) -> list[str]:
-    found = page.evaluate(_WIDTH_JS)
+    found = page.evaluate(_WIDTH_JS, PHONE["viewport"]["width"])
     if not found["culprits"]:
         return []
     return [f"{rel}: the page is {found['wide']} px wide on a {PHONE['viewport']['width']} px screen; "
@@ -183,9 +189,11 @@ def explorer_problems(page, cdp, rel: str, shots: Path, tasks: dict, since: floa
         page.wait_for_timeout(300)
         problems += layout_problems(page, box, name)
         problems += swipe_problems(page, cdp, box, name)
-        box.scroll_into_view_if_needed()
-        box.screenshot(path=str(shots / (rel.replace("/", "__").removesuffix(".html") + f"__phone_explorer{k + 1}.png")),
-                       scale="css")
+        # (an element's own screenshot comes out shifted under a phone's emulation: the page's, clipped)
+        rect = box.evaluate("b => { const r = b.getBoundingClientRect();"
+                            " return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; }")
+        page.screenshot(path=str(shots / (rel.replace("/", "__").removesuffix(".html") + f"__phone_explorer{k + 1}.png")),
+                        clip=rect, full_page=True, scale="css")
         problems += tap_problems(page, box, name)
         tasks[f"drawing and moving explorer {k + 1}"], _, since = long_tasks(page, since)
     return problems

@@ -23,7 +23,14 @@
         button.addEventListener("click", function (e) {
           e.preventDefault();
           e.stopImmediatePropagation();
+          // no tooltip left standing, now or when the dialog gives the focus back (the theme does
+          // this for its first button only): on a phone it sticks out past the screen's edge, and
+          // the page zooms out to show it
+          button.blur();
+          button.dispatchEvent(new Event("mouseleave"));
           bound.click();
+          var tip = window.bootstrap && window.bootstrap.Tooltip && window.bootstrap.Tooltip.getInstance(button);
+          if (tip) tip.hide();
         }, true);
       });
     });
