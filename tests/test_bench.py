@@ -183,7 +183,7 @@ def test_run_benchmark_json_has_the_fields(tiny, tmp_path):
 
 
 def test_token_ids_share_a_prefix_and_online_arrivals_keep_the_requests():
-    from inflight.bench.prompts import with_poisson_arrivals, with_token_ids
+    from inflight.bench.offline.prompts import with_poisson_arrivals, with_token_ids
     from inflight.sim import workloads
 
     lengths = workloads.from_lengths([4] * 5, prompt_len=20)

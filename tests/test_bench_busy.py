@@ -1,10 +1,10 @@
-"""`python -m inflight.bench.busy`: every variant in fresh processes, quiet and beside competitors, the
+"""`python -m inflight.bench.protocol.busy`: every variant in fresh processes, quiet and beside competitors, the
 variants taking turns; the targets on the medians (no timing is asserted: that is the benchmark's job)."""
 from __future__ import annotations
 
 import pytest
 
-from inflight.bench import busy
+from inflight.bench.protocol import busy
 
 
 def test_unknown_variant_is_named():

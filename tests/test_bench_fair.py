@@ -1,4 +1,4 @@
-"""`inflight.bench.fair`: the comparison protocol's logic (settings search, alternation, token check,
+"""`inflight.bench.protocol.fair`: the comparison protocol's logic (settings search, alternation, token check,
 medians and ranges) on fake measurements, and one real process of each kind. No speed is asserted."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from inflight.bench import fair
+from inflight.bench.protocol import fair
 
 
 def _fake_run(values, tokens=None, calls=None):

@@ -1,8 +1,8 @@
-"""The lower bounds of `inflight.bench.floor`: where the linear layers are timed, how a run's steps
+"""The lower bounds of `inflight.bench.protocol.floor`: where the linear layers are timed, how a run's steps
 add up from that grid, and what the bounds say about a peer."""
 import pytest
 
-from inflight.bench import floor as fl
+from inflight.bench.protocol import floor as fl
 
 
 def test_row_grid_spans_the_rows_geometrically():

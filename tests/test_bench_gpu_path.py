@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from inflight.bench import agreement
+from inflight.bench.offline import agreement
 from inflight.bench.__main__ import main, results_path
-from inflight.bench.models import SHAPES, random_model
-from inflight.bench.prompts import make_workload
+from inflight.bench.offline.models import SHAPES, random_model
+from inflight.bench.offline.prompts import make_workload
 from inflight.model.generate import decode_static_batch
 from inflight.model.kv_cache import KVCache
 from inflight.model.llama import LlamaConfig, LlamaModel
@@ -59,7 +59,7 @@ def test_smollm2_shape():
 
 
 def test_results_path(tmp_path, monkeypatch):
-    import inflight.bench.attention as attention
+    import inflight.bench.kernels.attention as attention
 
     monkeypatch.setattr(attention, "device_name", lambda device=None: "h200")
     assert results_path(str(tmp_path), "cuda:0") == tmp_path / "bench_gpu_h200.json"

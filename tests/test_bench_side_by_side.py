@@ -1,11 +1,11 @@
-"""`python -m inflight.bench.side_by_side`: the fair protocol on the engine and the transformers peers —
+"""`python -m inflight.bench.protocol.side_by_side`: the fair protocol on the engine and the transformers peers —
 every system in its own process, its settings searched, the rounds alternating, every process's tokens
 checked against a saved reference (no speed is asserted: that is the benchmark's job)."""
 import json
 
 import pytest
 
-from inflight.bench import fair, side_by_side
+from inflight.bench.protocol import fair, side_by_side
 
 SHAPE = dict(prompt_range=(3, 10), output_mean=4, output_cap=8)
 

@@ -161,7 +161,7 @@ def test_a_bad_block_table_is_an_error_that_names_it_not_a_crash(bad, match):
 
 @needs_kernel
 def test_the_side_by_side_bench_runs_both_and_compares_tokens(model):
-    from inflight.bench import cpu_kernel
+    from inflight.bench.kernels import cpu as cpu_kernel
 
     step = cpu_kernel.attention_step_ms(model, batch=4, repeats=2)
     assert set(step) == {"torch", "c"} and all(t > 0 for t in step.values())

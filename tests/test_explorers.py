@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 matplotlib.use("Agg")
 
-from inflight.bench.serve_client import RequestResult  # noqa: E402
-from inflight.bench.serve_stats import calculate_metrics  # noqa: E402
+from inflight.bench.serve.client import RequestResult  # noqa: E402
+from inflight.bench.serve.stats import calculate_metrics  # noqa: E402
 from inflight.book import explore_aging, explore_load, explore_loop, explore_paged  # noqa: E402
 from inflight.book.widgets import LiveFigure, check_redraw, nice_ceil  # noqa: E402
 from inflight.engine.scheduler import STEP_ORDER  # noqa: E402

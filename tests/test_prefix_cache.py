@@ -346,7 +346,7 @@ def test_caching_needs_the_caching_allocator():
 
 
 def test_bench_prefix_plumbing(model):
-    from inflight.bench import prefix as bench_prefix
+    from inflight.bench.offline import prefix as bench_prefix
 
     res = bench_prefix.collect(model, n=6, system_len=12, user_len=3, output_len=3, block_size=4, max_batch_size=3)
     sh, no = res["workloads"]["shared_system_prompt"], res["workloads"]["share_nothing"]

@@ -3,7 +3,7 @@ with the tiny model's byte tokenizer, and matches transformers' own forward pass
 import pytest
 import torch
 
-from inflight.bench.serve_process import save_random_checkpoint
+from inflight.bench.serve.process import save_random_checkpoint
 from inflight.model.loading import load_pretrained
 from inflight.model.tokenizer import ByteTokenizer
 

@@ -1,7 +1,7 @@
 """A long-running engine keeps flat memory: it forgets a request once its final output is out,
 keeps a bounded window of per-step stats (while `summary()` still totals the whole run), and its
 queries (`has_unfinished_requests`) change nothing. The soak program (`python -m
-inflight.bench.soak`) shows the same over 100,000 requests; this is its small, fast version."""
+inflight.bench.offline.soak`) shows the same over 100,000 requests; this is its small, fast version."""
 from __future__ import annotations
 
 import random

@@ -15,7 +15,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 
 from inflight.bench.serve import SampleRequest, run_benchmark  # noqa: E402
-from inflight.bench.serve_client import send_request, stream_payload  # noqa: E402
+from inflight.bench.serve.client import send_request, stream_payload  # noqa: E402
 
 TEXT = ["def", " f", "(x", "):", " é", "日", "\n"]
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from inflight.bench.serve import arrival_times, random_requests
-from inflight.bench.serve_client import RequestResult, _take_chunk
-from inflight.bench.serve_stats import calculate_metrics, is_good, parse_goodput, tpot
+from inflight.bench.serve.client import RequestResult, _take_chunk
+from inflight.bench.serve.stats import calculate_metrics, is_good, parse_goodput, tpot
 
 
 @settings(max_examples=50, deadline=None)

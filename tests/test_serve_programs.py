@@ -22,16 +22,16 @@ def _run(module: str, out, *args: str) -> dict:
 
 
 def test_serve_cost_quick(tmp_path):
-    r = _run("inflight.bench.serve_cost", tmp_path / "cost.json")
+    r = _run("inflight.bench.serve.cost", tmp_path / "cost.json")
     row = r["rounds"][0]
     assert row["offline_tok_s"] > 0 and row["thread_tok_s"] > 0 and row["task_tok_s"] > 0
-    assert r["command"].startswith("python -m inflight.bench.serve_cost") and "loadavg" in json.dumps(r["load"])
+    assert r["command"].startswith("python -m inflight.bench.serve.cost") and "loadavg" in json.dumps(r["load"])
     # the offline engine ran in a process of its own (fair protocol), the three taking turns
     assert "--offline" in r["offline_command"] and r["orders"] == [["offline", "thread", "task"]]
 
 
 def test_serve_cost_rotates_who_goes_first():
-    from inflight.bench.serve_cost import turn_order
+    from inflight.bench.serve.cost import turn_order
 
     orders = [turn_order(["offline", "thread", "task"], i) for i in range(4)]
     assert [o[0] for o in orders] == ["offline", "thread", "task", "offline"]
@@ -39,12 +39,12 @@ def test_serve_cost_rotates_who_goes_first():
 
 
 def test_serve_chaos_quick_keeps_its_guarantees(tmp_path):
-    r = _run("inflight.bench.serve_chaos", tmp_path / "chaos.json")
+    r = _run("inflight.bench.serve.chaos", tmp_path / "chaos.json")
     assert r["passed"] and r["hung"] == 0 and r["completed_streams_differing_from_alone"] == 0
     assert r["pool_at_end"] == {"num_requests_running": 0.0, "num_requests_waiting": 0.0, "kv_cache_usage_perc": 0.0}
 
 
 def test_serve_compare_quick_runs_transformers_serve_beside_ours(tmp_path):
-    r = _run("inflight.bench.serve_compare", tmp_path / "compare.json")
+    r = _run("inflight.bench.serve.compare", tmp_path / "compare.json")
     for name in ("inflight", "transformers"):
         assert r["summary"][name]["2.0"]["completed"] > 0 and r["summary"][name]["2.0"]["failed"] == 0

@@ -186,7 +186,7 @@ def _run_checks() -> dict:
     report["strided_views"] = _strided_views(device)
     report["reduction"] = _reduction_alone(device)
     # the benchmark's code path (timing with the wall clock here, CUDA events on a GPU), tiny sizes
-    from inflight.bench.attention_kernel import kernel_benchmark, kernel_report_lines, kernel_summary, tile_sweep
+    from inflight.bench.kernels.triton_decode import kernel_benchmark, kernel_report_lines, kernel_summary, tile_sweep
 
     tiny = {"num_heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "float32", "device": device}
     rows = kernel_benchmark(batches=(2,), contexts=(80,), repeats=1, sweep=(16,), **tiny)

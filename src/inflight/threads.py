@@ -63,7 +63,7 @@ if not _TORCH_LOADED_BEFORE_INFLIGHT and _POLICY_BEFORE_INFLIGHT is None and _SP
 
 def set_by_inflight() -> dict[str, str]:
     """The variables `import inflight` put in this process's environment (and so in its children's,
-    unless they are taken out again: `inflight.bench.fair` does, so that a peer runs as it would
+    unless they are taken out again: `inflight.bench.protocol.fair` does, so that a peer runs as it would
     without us)."""
     return dict(_SET_HERE)
 

@@ -1,16 +1,18 @@
-"""`python -m inflight.bench`: the serving benchmark the book and the README quote.
+"""`python -m inflight.bench`: the serving benchmark the book and the README quote, and the others.
 
-One concept a module: `config` (modes, `BenchConfig`, `BenchSetup`), `prompts` (token ids for the
-workloads of `inflight.sim.workloads`), `record` (`RunRecord`, the arrival clock), `runners` (our
-sequential / static / contiguous / paged runs), `peers` (transformers), `metrics` (summaries,
-ideal speedup, device limits, targets), `report` (table, text, JSON), `suite` (the whole run),
-`models` (which model to serve), `__main__` (the CLI); `attention`, `prefix` and `profiling` are
-the paged-KV chapter's, the sharing chapter's and the shared instruments. `fair` is the comparison
-protocol (each system in its own process at its best settings, alternating, tokens checked) and
-`contender` the process it runs for one mode. More have their own command line: `side_by_side` (the
-engine against the transformers peers by that protocol), `busy` (the engine in either import order,
-quiet and beside one competitor per core) and `soak` (100,000 requests through one engine: memory
-stays flat).
+The folder shows what each measures:
+
+- `offline/` — offline serving, `python -m inflight.bench` itself (`__main__` is its command line):
+  the same requests served by our engine's modes and by the transformers peers, every mode's tokens
+  checked; `offline.prefix` and `offline.soak` have their own command lines;
+- `protocol/` — how a ratio over a peer is measured (`fair`: each system in its own process at its
+  best settings, alternating, tokens checked; `contender`, `side_by_side`, `busy`) and what bounds
+  it (`floor`);
+- `serve/` — the server: `python -m inflight.bench.serve` (a load generator for any
+  OpenAI-compatible server, a pure HTTP client) and the benchmarks built on it (`cost`, `compare`,
+  `chaos`);
+- `kernels/` — one operation at a time (`attention`, `triton_decode`, `cpu`, `decode_step`);
+- `profiling` — the instruments all of them share (timers, the machine's roofs, profiler tables).
 
 `from inflight import bench` gives the names a chapter uses (`bench.run_benchmark`,
 `bench.BenchConfig`, `bench.format_table`, ...), imported lazily from the module that defines them.
@@ -21,17 +23,17 @@ from inflight._lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
-    "MODES": "config", "MODE_TITLES": "config", "BenchConfig": "config", "BenchSetup": "config",
-    "quick_config": "config",
-    "BenchRequest": "prompts", "Workload": "prompts", "make_workload": "prompts",
-    "RunRecord": "record",
-    "run_static": "runners", "run_engine": "runners",
-    "to_transformers": "peers", "run_hf_static": "peers", "run_hf_continuous": "peers",
-    "check_outputs": "metrics", "summarize": "metrics", "ideal_speedup": "metrics", "device_limits": "metrics",
-    "format_table": "report", "format_report": "report", "format_fair": "report", "save_results": "report",
-    "compare": "fair", "median_runs": "side_by_side",
-    "run_mode": "suite", "run_checked": "suite", "run_benchmark": "suite",
-    "random_model": "models", "load_model": "models",
+    **dict.fromkeys(("MODES", "MODE_TITLES", "BenchConfig", "BenchSetup", "quick_config"), "offline.config"),
+    **dict.fromkeys(("BenchRequest", "Workload", "make_workload"), "offline.prompts"),
+    **dict.fromkeys(("RunRecord",), "offline.record"),
+    **dict.fromkeys(("run_static", "run_engine"), "offline.runners"),
+    **dict.fromkeys(("to_transformers", "run_hf_static", "run_hf_continuous"), "offline.peers"),
+    **dict.fromkeys(("check_outputs", "summarize", "ideal_speedup", "device_limits"), "offline.metrics"),
+    **dict.fromkeys(("format_table", "format_report", "format_fair", "save_results"), "offline.report"),
+    **dict.fromkeys(("compare",), "protocol.fair"),
+    **dict.fromkeys(("median_runs",), "protocol.side_by_side"),
+    **dict.fromkeys(("run_mode", "run_checked", "run_benchmark"), "offline.suite"),
+    **dict.fromkeys(("random_model", "load_model"), "offline.models"),
 }
 
 __all__ = sorted(_EXPORTS)

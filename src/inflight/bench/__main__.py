@@ -2,7 +2,7 @@
 
 Six ways of serving the same requests with the same weights — sequential, static batches, our
 engine over a contiguous and over a paged KV cache, transformers `generate` and transformers'
-continuous batching (`inflight.bench.config` lists them) — each checked token for token against
+continuous batching (`inflight.bench.offline.config` lists them) — each checked token for token against
 the sequential run before any speed is reported. Prints a report; `--out` saves the JSON.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from inflight.bench.config import MODES, BenchConfig, quick_config
+from inflight.bench.offline.config import MODES, BenchConfig, quick_config
 
 __all__ = ["main", "parse_modes", "results_path"]
 
@@ -53,12 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--fair-rounds", type=int, default=None,
-                   help="rounds of the fair comparison with the peers (bench.fair; 0: none; default 5, --quick 1)")
+                   help="rounds of the fair comparison with the peers (bench.protocol.fair; 0: none; default 5, --quick 1)")
     p.add_argument("--no-attention-bench", action="store_true")
     p.add_argument("--no-prefix-bench", action="store_true", help="skip the prefix-caching section")
     p.add_argument("--no-decode-step", action="store_true", help="skip the batch-1 decode step timing")
     p.add_argument("--logprob-tolerance", type=float, default=None,
-                   help="half precision: accepted teacher-forced deviation in nats (default per dtype, bench.agreement)")
+                   help="half precision: accepted teacher-forced deviation in nats (default per dtype, bench.offline.agreement)")
     p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json); a "
                    "folder: bench_gpu_<gpu>.json or bench_cpu.json in it")
     return p
@@ -94,14 +94,14 @@ def results_path(out: str, device: str) -> Path:
     path = Path(out)
     if not (path.is_dir() or out.endswith(("/", "\\"))):
         return path
-    from inflight.bench.attention import device_name
+    from inflight.bench.kernels.attention import device_name
 
     return path / (f"bench_gpu_{device_name(device)}.json" if device.startswith("cuda") else "bench_cpu.json")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from inflight.bench.report import format_report, save_results
-    from inflight.bench.suite import run_benchmark
+    from inflight.bench.offline.report import format_report, save_results
+    from inflight.bench.offline.suite import run_benchmark
 
     p = _parser()
     args = p.parse_args(argv)

@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from matplotlib.collections import PolyCollection
 
-from inflight.bench.serve_client import RequestResult
-from inflight.bench.serve_stats import is_good
+from inflight.bench.serve.client import RequestResult
+from inflight.bench.serve.stats import is_good
 from inflight.book.explore_decode import log_ticks
 from inflight.book.interactive import TAB10, Explorer, Knob, View, explorer, panels
 from inflight.book.widgets import LiveFigure, live_explorer

@@ -31,7 +31,7 @@ passing blip changes nothing. Then `plan_step`, with n neighbours on c cores:
   torch's threads spin, torch gets one thread, so its spinning team never has a member to wait for.
 
 So in each case one team of ours at most spins, and every team waits the right way (measured in
-`python -m inflight.bench.busy`; `results/busy_cpu.json` has the figures).
+`python -m inflight.bench.protocol.busy`; `results/busy_cpu.json` has the figures).
 
 `restore()` puts torch's count back after the step, so nothing else in the process sees the change.
 The tokens don't change: every kernel and operator gives the same bits on any number of threads or

@@ -64,7 +64,7 @@ def build_error() -> str | None:
 @contextmanager
 def reference_only():
     """Inside this block every operator here, and `skinny_gemm.linear`, runs its torch reference (how
-    the side-by-side benchmark, `python -m inflight.bench.cpu_kernel`, measures what they are worth)."""
+    the side-by-side benchmark, `python -m inflight.bench.kernels.cpu`, measures what they are worth)."""
     _state["off"] = _state.get("off", 0) + 1
     try:
         yield

@@ -3,7 +3,7 @@
 It uses a *contiguous* KV cache (one block of maximum length per request) and no scheduler — the
 baseline the engine of later chapters improves on, and a yardstick for tests. `generate` is the
 reference generator (chapter 1, the tests, `train_tiny`'s samples); `decode_static_batch` is its
-loop, which the benchmark's static-batching mode (`inflight.bench.runners.run_static`) runs too,
+loop, which the benchmark's static-batching mode (`inflight.bench.offline.runners.run_static`) runs too,
 keeping finished rows in the batch and timing every step through `on_step`.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
 SYMBOLS = ("inflight_skinny_gemm_f32", "inflight_use_pool", "inflight_parallel_backend")
 PROFILER_NAME = "inflight::skinny_gemm_c"
-#: the most rows the kernel takes. `python -m inflight.bench.cpu_kernel` times all of the tiny
+#: the most rows the kernel takes. `python -m inflight.bench.kernels.cpu` times all of the tiny
 #: model's linear layers for one step, the weights out of cache as in a serving step; on the book's
 #: 2-core CPU (`results/cpu_kernel_cpu.json`) against MKL: even at 1 row, 1.3-1.8x faster at 2-32
 #: rows, 1.1x at 48-64, slower from 96.
@@ -65,7 +65,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The C kernel itself, at any number of rows (`bench.cpu_kernel` measures where it stops paying):
+    """The C kernel itself, at any number of rows (`bench.kernels.cpu` measures where it stops paying):
     contiguous float32 CPU tensors x `[M, K]`, weight `[N, K]`, bias `[N]` or None."""
     lib = load()
     if lib is None:

@@ -16,7 +16,7 @@ right way for the machine as it is -- torch's, when its fixed policy happens to 
 pool, set to spin or to sleep -- and sets the kernels' thread count. Outside an engine step the
 kernels run on torch's team where its threads spin, else on the pool (spinning briefly).
 
-`INFLIGHT_THREAD_POOL=0` leaves the kernels on OpenMP (how `python -m inflight.bench.busy` measures
+`INFLIGHT_THREAD_POOL=0` leaves the kernels on OpenMP (how `python -m inflight.bench.protocol.busy` measures
 what the pool is worth); without a C compiler nothing here runs and neither do the kernels.
 """
 from __future__ import annotations

@@ -60,7 +60,7 @@ _LOG2E = 1.4426950408889634
 # Programs per SM the split aims for. A program holds about one K/V tile (32 KB) in flight, and
 # 4-5 fit on an SM at once (registers, shared memory), so this is ~3 waves: enough that the last,
 # partial wave still keeps the memory busy. A reasoned guess, not yet measured on a GPU:
-# `python -m inflight.bench.attention --sweep` times every partition size beside this choice.
+# `python -m inflight.bench.kernels.attention --sweep` times every partition size beside this choice.
 PROGRAMS_PER_SM = 16
 # A partition's partials are (head_dim + 2) fp32 per query head; at 4 tiles of 64 tokens they are
 # under 2 % of the K/V bytes the partition reads (GQA 4, head_dim 128).

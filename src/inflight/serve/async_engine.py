@@ -17,7 +17,7 @@ The loop runs on its own thread by default (`loop="thread"`). torch releases the
 operators, so the event loop keeps answering HTTP while a step computes. With `loop="task"` the
 same loop is an asyncio task that calls `step()` directly: simpler, but every step then holds the
 event loop for its whole length, and no request is read, no token written, no disconnect noticed
-meanwhile (`python -m inflight.bench.serve_cost` measures both).
+meanwhile (`python -m inflight.bench.serve.cost` measures both).
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """Our four ways of serving a workload: sequential, static batches, and the engine over a contiguous
-or a paged KV cache. Each returns a `RunRecord`; `inflight.bench.suite.run_mode` picks one."""
+or a paged KV cache. Each returns a `RunRecord`; `inflight.bench.offline.suite.run_mode` picks one."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from inflight.bench.prompts import BenchRequest, Workload
-from inflight.bench.record import Arrivals, RunRecord, kv_bytes_per_token, timed_run
+from inflight.bench.offline.prompts import BenchRequest, Workload
+from inflight.bench.offline.record import Arrivals, RunRecord, kv_bytes_per_token, timed_run
 from inflight.engine.llm_engine import LLMEngine, SamplingParams
 from inflight.model.generate import StepHook, decode_static_batch
 from inflight.model.kv_cache import KVCache

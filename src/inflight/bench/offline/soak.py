@@ -1,4 +1,4 @@
-"""`python -m inflight.bench.soak`: does a long-running engine keep flat memory?
+"""`python -m inflight.bench.offline.soak`: does a long-running engine keep flat memory?
 
 A server runs for days. This streams many requests (100,000 by default) through
 `LLMEngine.add_request` / `step` — a steady stream with bursts, greedy and seeded sampled requests,
@@ -146,7 +146,7 @@ def _checkpoint(engine: LLMEngine, submitted: int, finished: int, aborted: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.soak", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.offline.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=100_000, help="how many requests to stream (default 100000)")
     p.add_argument("--model", choices=("random", "tiny"), default="random",
                    help="random: a one-layer random Llama (bookkeeping-bound, minutes); tiny: the shipped tiny model")

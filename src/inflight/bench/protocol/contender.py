@@ -1,11 +1,11 @@
-"""`python -m inflight.bench.contender --mode M`: one measurement of one mode, in this process, for
-`inflight.bench.fair` (each system in its own process, at its own settings).
+"""`python -m inflight.bench.protocol.contender --mode M`: one measurement of one mode, in this process, for
+`inflight.bench.protocol.fair` (each system in its own process, at its own settings).
 
 It builds the benchmark's long-tailed workload (the same requests in every process: same seed, same
 shape), serves a short warm-up, then times one run of the mode and writes the result JSON to
 `$INFLIGHT_RESULT` (or prints it): `value` (useful tokens per second), every request's `tokens`, the
 wall time, the threads and OpenMP wait policy this process ran with, and the machine's load around
-the run. `--floor` adds the run's floor (`bench.floor`, measured in this process right after the
+the run. `--floor` adds the run's floor (`bench.protocol.floor`, measured in this process right after the
 run: the linear layers at their best, one read of the KV per step) for an engine mode.
 
 Nothing here sets threads or a wait policy: whatever the environment (OMP_NUM_THREADS,
@@ -27,14 +27,14 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
             weights: str | None = None, device: str = "cpu", **shape: Any) -> dict[str, Any]:
     """Warm up, then time `mode` once on the long-tailed workload of `n` requests (`shape`: its
     `prompt_range`, `output_mean`, `output_cap`) with the benchmark's model `model_name` (None: the
-    tiny model) or the one saved at `weights` (`bench.models.save_model`), in float32 (every process's
+    tiny model) or the one saved at `weights` (`bench.offline.models.save_model`), in float32 (every process's
     tokens must be the same) on `device`."""
     import torch
 
-    from inflight.bench.config import BenchConfig
-    from inflight.bench.metrics import ideal_speedup, summarize
-    from inflight.bench.suite import _plan, _setup, run_mode
-    from inflight.bench.models import load_model, load_saved
+    from inflight.bench.offline.config import BenchConfig
+    from inflight.bench.offline.metrics import ideal_speedup, summarize
+    from inflight.bench.offline.suite import _plan, _setup, run_mode
+    from inflight.bench.offline.models import load_model, load_saved
     from inflight.threads import LoadWatch, openmp_idle_wait, passive_wait_in_effect
 
     model = load_saved(weights).to(device) if weights else load_model(model_name, device, "float32", seed).model
@@ -75,10 +75,10 @@ def _kernels() -> dict[str, Any]:
 
 
 def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
-    """This run against the lower bounds of its own work (`bench.floor`), measured now, here."""
-    from inflight.bench.floor import time_floor
+    """This run against the lower bounds of its own work (`bench.protocol.floor`), measured now, here."""
+    from inflight.bench.protocol.floor import time_floor
     from inflight.bench.profiling import measure_memory_bandwidth
-    from inflight.bench.record import kv_bytes_per_token
+    from inflight.bench.offline.record import kv_bytes_per_token
 
     if not rec.step_tokens:
         raise ValueError(f"mode {rec.mode!r} records no per-step work: the floor is for engine modes")
@@ -90,7 +90,7 @@ def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.contender", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.protocol.contender", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", required=True, choices=["sequential", "static", "contiguous", "paged", "hf_static",
                                                      "hf_continuous"])
     p.add_argument("-n", "--num-requests", type=int, default=256)
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output-mean", type=float, default=None)
     p.add_argument("--output-cap", type=int, default=None)
     p.add_argument("--model", default=None, help="the benchmark's --model (default: the tiny model)")
-    p.add_argument("--weights", default=None, help="a model saved by bench.models.save_model (instead of --model)")
+    p.add_argument("--weights", default=None, help="a model saved by bench.offline.models.save_model (instead of --model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--floor", action="store_true", help="also measure this run's floor (engine modes)")
     a = p.parse_args(argv)

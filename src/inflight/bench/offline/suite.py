@@ -22,18 +22,19 @@ from typing import Any, Callable
 
 import torch
 
-from inflight.bench import attention, prefix
-from inflight.bench.agreement import describe_failure, policy_for, teacher_forced_deviation
-from inflight.bench.decode_step import decode_step_report, decode_step_times
-from inflight.bench.floor import ratio_bounds, time_floor
-from inflight.bench.config import MODE_TITLES, MODES, BenchConfig, BenchSetup
-from inflight.bench.metrics import check_outputs, device_limits, ideal_speedup, summarize, targets
-from inflight.bench.models import BenchModel, describe_model, load_model
-from inflight.bench.peers import run_hf_continuous, run_hf_static, to_transformers
+from inflight.bench.kernels import attention
+from inflight.bench.offline import prefix
+from inflight.bench.offline.agreement import describe_failure, policy_for, teacher_forced_deviation
+from inflight.bench.kernels.decode_step import decode_step_report, decode_step_times
+from inflight.bench.protocol.floor import ratio_bounds, time_floor
+from inflight.bench.offline.config import MODE_TITLES, MODES, BenchConfig, BenchSetup
+from inflight.bench.offline.metrics import check_outputs, device_limits, ideal_speedup, summarize, targets
+from inflight.bench.offline.models import BenchModel, describe_model, load_model
+from inflight.bench.offline.peers import run_hf_continuous, run_hf_static, to_transformers
 from inflight.bench.profiling import measure_linear_layers
-from inflight.bench.prompts import Workload, make_workload, with_poisson_arrivals
-from inflight.bench.record import RunRecord, kv_bytes_per_token
-from inflight.bench.runners import run_engine, run_static
+from inflight.bench.offline.prompts import Workload, make_workload, with_poisson_arrivals
+from inflight.bench.offline.record import RunRecord, kv_bytes_per_token
+from inflight.bench.offline.runners import run_engine, run_static
 from inflight.device import describe_device
 from inflight.threads import LoadWatch, configure_threads
 
@@ -84,7 +85,7 @@ def run_checked(mode: str, setup: BenchSetup, w: Workload, refs: dict[str, dict[
         return {"mode": mode, "title": title, "status": "unavailable", "error": err,
                 "traceback": traceback.format_exc(limit=6)}
     agreement = None
-    if setup.agreement.get("policy") == "teacher_forced_logprobs":  # half precision: see bench.agreement
+    if setup.agreement.get("policy") == "teacher_forced_logprobs":  # half precision: see bench.offline.agreement
         agreement = teacher_forced_deviation(setup.model, w, rec.tokens, setup.agreement)
         mismatch = describe_failure(agreement)
     else:
@@ -242,7 +243,7 @@ def _limits(model: Any, lt: Workload, lt_modes: dict[str, Any], quick: bool) -> 
 
 def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cfg: BenchConfig,
                    fair_res: dict[str, Any]) -> dict[str, Any]:
-    """The paged run against the lower bounds of its own work (`bench.floor`): where its time went,
+    """The paged run against the lower bounds of its own work (`bench.protocol.floor`): where its time went,
     the fastest the workload allows here, the largest ratio over each peer that allows (a peer at its
     best: its median in the fair comparison, when there is one), and the linear layers alone at the
     benchmark's batch size (the ceiling of the roof target)."""
@@ -266,15 +267,15 @@ def _floor_section(model: Any, lt_modes: dict[str, Any], lim: dict[str, Any], cf
 
 def _fair_section(cfg: BenchConfig, model: Any, lt: Workload, reference: dict[str, list[int]] | None,
                   results: dict[str, Any], log: Log) -> dict[str, Any]:
-    """The paged engine against the transformers peers by the fair protocol (`bench.side_by_side`:
+    """The paged engine against the transformers peers by the fair protocol (`bench.protocol.side_by_side`:
     each in its own process at its best setting, alternating), on the long-tailed workload, every
     process checked against this run's sequential tokens -- whichever modes the table ran: the table
     runs every mode in this one process, with this process's settings, which is no comparison
     between systems."""
     import tempfile
 
-    from inflight.bench import fair, side_by_side
-    from inflight.bench.models import save_model
+    from inflight.bench.protocol import fair, side_by_side
+    from inflight.bench.offline.models import save_model
 
     why = ("fair_rounds is 0" if not cfg.fair_rounds else
            "needs the long-tailed workload" if "long_tailed" not in cfg.workloads else
@@ -365,10 +366,10 @@ def _section(collect: Callable[..., Any], report: Callable[[Any], str], **kwargs
 
 
 def _attention_section(quick: bool) -> dict[str, Any]:
-    """The paged-KV chapter's figures (`inflight.bench.attention`)."""
+    """The paged-KV chapter's figures (`inflight.bench.kernels.attention`)."""
     return _section(attention.collect, attention.report, quick=quick)
 
 
 def _prefix_section(quick: bool, model: Any) -> dict[str, Any]:
-    """The sharing chapter's figures (`inflight.bench.prefix`): prefix caching on vs off."""
+    """The sharing chapter's figures (`inflight.bench.offline.prefix`): prefix caching on vs off."""
     return _section(prefix.collect, prefix.report, model=model, quick=quick)

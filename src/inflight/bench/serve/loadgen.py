@@ -8,8 +8,8 @@
 Requests arrive as a Poisson process at `--request-rate` per second (`--burstiness` < 1: burstier,
 gamma-distributed gaps; `inf`: all at once); `--max-concurrency` caps how many are in flight, and
 the time a request waits for a slot is recorded apart (its TTFT starts when it is sent). Each
-request is streamed and timed token by token (`inflight.bench.serve_client`); the figures are
-vLLM's (`inflight.bench.serve_stats`). A pure HTTP client: it imports no engine code.
+request is streamed and timed token by token (`inflight.bench.serve.client`); the figures are
+vLLM's (`inflight.bench.serve.stats`). A pure HTTP client: it imports no engine code.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from inflight.bench.serve_client import RequestResult, send_request, stream_payload
-from inflight.bench.serve_stats import calculate_metrics, parse_goodput
+from inflight.bench.serve.client import RequestResult, send_request, stream_payload
+from inflight.bench.serve.stats import calculate_metrics, parse_goodput
 
 __all__ = ["SampleRequest", "random_requests", "arrival_times", "benchmark", "run_benchmark", "sweep", "main"]
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from inflight.bench.serve_client import RequestResult
+from inflight.bench.serve.client import RequestResult
 
 __all__ = ["parse_goodput", "is_good", "calculate_metrics", "METRICS"]
 

@@ -1,7 +1,7 @@
-"""`python -m inflight.bench.serve_cost`: what the server costs over the engine alone, in one run.
+"""`python -m inflight.bench.serve.cost`: what the server costs over the engine alone, in one run.
 
 The same requests (greedy, fixed output lengths) go, round after round, to the offline engine
-(`LLMEngine.generate`, in a fresh process of its own each round: `inflight.bench.fair`) and over HTTP
+(`LLMEngine.generate`, in a fresh process of its own each round: `inflight.bench.protocol.fair`) and over HTTP
 with streaming to `python -m inflight.serve` in its own process — once with the engine loop on its
 own thread (the default) and once as an asyncio task on the event loop (`--engine-loop task`); the
 three take turns, the order rotating from round to round, and the report gives medians and ranges:
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
-from inflight.bench.serve import random_requests, run_benchmark
-from inflight.bench.serve_process import run_record, save_result, start_inflight
+from inflight.bench.serve.loadgen import random_requests, run_benchmark
+from inflight.bench.serve.process import run_record, save_result, start_inflight
 
 __all__ = ["main", "offline_throughput", "offline_ttfts", "offline_measure", "turn_order"]
 
@@ -73,7 +73,7 @@ def offline_measure(model: Any, tok: Any, sat: list, low: list, max_num_seqs: in
 
 def _offline_command(args) -> tuple[str, ...]:
     """This program with --offline and the same workload: one offline measurement in a fresh process."""
-    cmd = ["{python}", "-m", "inflight.bench.serve_cost", "--offline", "--num-prompts", str(args.num_prompts),
+    cmd = ["{python}", "-m", "inflight.bench.serve.cost", "--offline", "--num-prompts", str(args.num_prompts),
            "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--max-num-seqs",
            str(args.max_num_seqs), "--low-load-prompts", str(args.low_load_prompts)]
     return tuple(cmd + (["--quick"] if args.quick else []) + (["--model-size", args.model_size] if args.model_size else []))
@@ -85,9 +85,9 @@ def turn_order(names: list[str], turn: int) -> list[str]:
 
 
 def _round(offline: Any, servers: dict, sat: list, low: list, turn: int) -> dict:
-    """One round: the offline engine (a fresh process, `inflight.bench.fair`) and each server, in the
+    """One round: the offline engine (a fresh process, `inflight.bench.protocol.fair`) and each server, in the
     order `turn_order` gives, so that none always runs right after the same one."""
-    from inflight.bench import fair
+    from inflight.bench.protocol import fair
 
     row: dict[str, Any] = {}
     for name in turn_order(["offline", *servers], turn):
@@ -125,7 +125,7 @@ def _random_model(size: str):
     """(model, tokenizer, checkpoint folder) for --model-size HIDDEN,LAYERS, written once to a cache folder."""
     import tempfile
 
-    from inflight.bench.serve_process import save_random_checkpoint
+    from inflight.bench.serve.process import save_random_checkpoint
     from inflight.model.loading import load_pretrained
 
     try:
@@ -140,7 +140,7 @@ def _random_model(size: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve_cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve.cost", description=__doc__.splitlines()[0])
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=128)
@@ -170,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     sat = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0)
     low = random_requests(args.low_load_prompts, args.input_len, 32 if not args.quick else 4, seed=1)
     if args.offline:
-        from inflight.bench.fair import RESULT_VAR
+        from inflight.bench.protocol.fair import RESULT_VAR
 
         Path(os.environ[RESULT_VAR]).write_text(json.dumps(offline_measure(model, tok, sat, low, args.max_num_seqs)))
         return 0
-    from inflight.bench import fair
+    from inflight.bench.protocol import fair
 
     offline = fair.Contender("offline engine", _offline_command(args))
     servers = {"thread": start_inflight(flags), "task": start_inflight(flags + ["--engine-loop", "task"])}
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             s.stop()
     summary = {k: {"median": statistics.median(r[k] for r in rows), "min": min(r[k] for r in rows),
                    "max": max(r[k] for r in rows)} for k in rows[0]}
-    result = {**run_record("inflight.bench.serve_cost", argv, watch), "threads": threads.threads,
+    result = {**run_record("inflight.bench.serve.cost", argv, watch), "threads": threads.threads,
               "settings": vars(args) | {"output": str(args.output)},
               "model": {"name": getattr(model, "name_or_path", "tiny"), "parameters": sum(p.numel() for p in model.parameters())},
               "offline_command": " ".join(offline.command).replace("{python}", "python"),

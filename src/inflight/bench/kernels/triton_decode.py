@@ -1,4 +1,4 @@
-"""The paged decode kernel against contiguous SDPA: the kernel half of `python -m inflight.bench.attention`.
+"""The paged decode kernel against contiguous SDPA: the kernel half of `python -m inflight.bench.kernels.attention`.
 
 For each (batch, context) it times, on the same keys and values: the Triton kernel as the engine
 calls it (split into partitions when `plan_decode` chooses to), the same kernel forced to one

@@ -1,14 +1,14 @@
-"""`python -m inflight.bench.side_by_side`: the paged engine against transformers, fairly.
+"""`python -m inflight.bench.protocol.side_by_side`: the paged engine against transformers, fairly.
 
 The claim it settles: the paged engine over transformers `generate` (static batches of B) as a
 multiple of the work-bound ideal (the row-steps static batching computes per token wanted; issue
 24's target is >= 1.5x), and over transformers' own continuous batching. It runs the protocol of
-`inflight.bench.fair`: each system in its own process (`inflight.bench.contender`), each at the best
+`inflight.bench.protocol.fair`: each system in its own process (`inflight.bench.protocol.contender`), each at the best
 of its thread counts and OpenMP wait policies (searched first, on a smaller workload, every setting
 taking turns), then the systems alternating round after round at those settings; every process's
 tokens are checked against a one-request-at-a-time reference saved to disk. With `--floor`, every
 paged run also measures its own floor in its process (the linear layers at their best, one read of
-the KV per step: `inflight.bench.floor`) and the report gives its time over that floor, per round.
+the KV per step: `inflight.bench.protocol.floor`) and the report gives its time over that floor, per round.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from inflight.bench import fair
-from inflight.bench.report import print_and_save, target_lines
+from inflight.bench.protocol import fair
+from inflight.bench.offline.report import print_and_save, target_lines
 
 __all__ = ["run", "report", "main", "contenders", "median_runs", "TARGET_OF_IDEAL", "TARGET_FLOOR", "PEERS"]
 
@@ -29,7 +29,7 @@ PEERS = ("hf_static", "hf_continuous")
 
 
 def _command(mode: str, n: int, floor: bool = False, batch_size: int = 64, **shape: Any) -> tuple[str, ...]:
-    args = ["{python}", "-m", "inflight.bench.contender", "--mode", mode, "-n", str(n), "-B", str(batch_size)]
+    args = ["{python}", "-m", "inflight.bench.protocol.contender", "--mode", mode, "-n", str(n), "-B", str(batch_size)]
     if "prompt_range" in shape:
         args += ["--prompt-range", *map(str, shape["prompt_range"])]
     for key in ("output_mean", "output_cap", "seed", "model", "weights", "device"):
@@ -98,7 +98,7 @@ def run(n: int = 256, rounds: int = 5, search_rounds: int = 1, search_n: int = 6
                        pairs=[("paged", "hf_static"), ("paged", "hf_continuous")], ref=ref, search_run=search_run,
                        search_ref=search_ref, search_in_rounds=search_in_rounds, log=log)
     res.update(status="ok", created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               command="python -m inflight.bench.side_by_side " + " ".join(sys.argv[1:]), requests=n,
+               command="python -m inflight.bench.protocol.side_by_side " + " ".join(sys.argv[1:]), requests=n,
                batch_size=batch_size, search_requests=None if search_in_rounds else search_n,
                load_before=before, load_after=machine_load().as_dict(), target=_targets(res, ideal, floor))
     return res
@@ -164,7 +164,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.side_by_side", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.protocol.side_by_side", description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--num-requests", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--search-rounds", type=int, default=1, help="rounds of the settings search (0: no search)")

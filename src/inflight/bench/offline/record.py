@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from inflight.bench.profiling import ForwardTimer, PeakMemory, sync
-from inflight.bench.prompts import BenchRequest
+from inflight.bench.offline.prompts import BenchRequest
 
 __all__ = ["RunRecord", "Arrivals", "timed_run", "kv_bytes_per_token"]
 

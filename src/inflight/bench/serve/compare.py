@@ -1,4 +1,4 @@
-"""`python -m inflight.bench.serve_compare`: this book's server beside `transformers serve`.
+"""`python -m inflight.bench.serve.compare`: this book's server beside `transformers serve`.
 
 The same model weights (the shipped tiny model; for transformers saved as a Hugging Face checkpoint
 with a byte-level tokenizer that gives the same token ids), the same greedy requests, the same load
@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
-from inflight.bench.serve import random_requests, run_benchmark
-from inflight.bench.serve_process import run_record, save_result, save_tiny_as_hf, start_inflight, start_transformers
-from inflight.bench.serve_stats import parse_goodput
+from inflight.bench.serve.loadgen import random_requests, run_benchmark
+from inflight.bench.serve.process import run_record, save_result, save_tiny_as_hf, start_inflight, start_transformers
+from inflight.bench.serve.stats import parse_goodput
 
 __all__ = ["main"]
 
@@ -48,7 +48,7 @@ def _measure(start, rates, args, goodput) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve_compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve.compare", description=__doc__.splitlines()[0])
     p.add_argument("--rates", default="4,8,16", help="request rates (requests/s), comma-separated")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals per rate")
     p.add_argument("--input-len", type=int, default=32)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 TTFT {ours['p99_ttft_ms']:.0f} vs {theirs['p99_ttft_ms']:.0f} ms, goodput "
               f"{ours['request_goodput']:.2f} vs {theirs['request_goodput']:.2f} req/s ({ratio:.1f}x)")
     print(f"machine busy during the run: {watch.busy}")
-    result = {**run_record("inflight.bench.serve_compare", argv, watch), "goodput_slos_ms": goodput,
+    result = {**run_record("inflight.bench.serve.compare", argv, watch), "goodput_slos_ms": goodput,
               "settings": vars(args) | {"output": str(args.output)}, "rounds": rounds, "summary": summary}
     save_result(result, args.output)
     return 0

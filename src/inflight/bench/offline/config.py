@@ -51,7 +51,7 @@ class BenchConfig:
     threads: int | None = None
     decode_step_bench: bool = True
     logprob_tolerance: float | None = None  # half precision: the nats part; None: `agreement.TOLERANCE`
-    # the comparison with the transformers peers (`bench.fair`): each in its own process at its best
+    # the comparison with the transformers peers (`bench.protocol.fair`): each in its own process at its best
     # setting, alternating; 0 rounds: none (the in-process table alone, which is no comparison); five
     # rounds for a committed claim, each paged run with its own floor (`fair_floor`)
     fair_rounds: int = 5

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from inflight.bench.prompts import Workload
+from inflight.bench.offline.prompts import Workload
 
 __all__ = ["TOLERANCE", "policy_for", "teacher_forced_deviation", "describe_failure"]
 

@@ -1,4 +1,4 @@
-"""`python -m inflight.bench.busy`: the engine whatever the import order, on a quiet machine and a busy one.
+"""`python -m inflight.bench.protocol.busy`: the engine whatever the import order, on a quiet machine and a busy one.
 
 A reader's notebook may start with `import torch` or with `import inflight`, and a laptop or a Colab
 CPU is rarely idle. OpenMP reads its wait policy once, when torch loads: `import inflight` first asks
@@ -6,7 +6,7 @@ for a short spin (`OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000`: idle threads s
 a millisecond, then sleep), `import torch` first leaves torch's default (idle threads spin for
 milliseconds). So this benchmark measures the engine (the paged mode of the benchmark,
 on the long-tailed workload) in each import order (`VARIANTS`), each run a fresh process
-(`inflight.bench.fair`), alone and beside one CPU-bound program per core (plain `while True: pass`
+(`inflight.bench.protocol.fair`), alone and beside one CPU-bound program per core (plain `while True: pass`
 processes this program starts), the variants taking turns round after round. Two programs per core
 makes a fair share one half.
 
@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from inflight.bench import fair
+from inflight.bench.protocol import fair
 from inflight.threads import SHORT_SPIN, usable_cores
 
 __all__ = ["VARIANTS", "matrix", "targets", "measure_here", "competitors_running", "main", "KEEP_TARGET",
@@ -85,7 +85,7 @@ def matrix(variants: Sequence[str] = DEFAULT_VARIANTS, n: int = 128, rounds: int
         raise ValueError(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
     cores = usable_cores()
     competitors = cores if competitors is None else competitors
-    engine = fair.Contender("paged engine", ("{python}", "-m", "inflight.bench.contender", "--mode", "paged", "-n",
+    engine = fair.Contender("paged engine", ("{python}", "-m", "inflight.bench.protocol.contender", "--mode", "paged", "-n",
                                               str(n)))
     run = run or fair.run_process
     rows: list[dict[str, Any]] = []
@@ -150,8 +150,8 @@ def _engine_run(model: Any, n: int) -> dict[str, Any]:
     """The paged engine on `n` long-tailed requests in this process, after a short warm-up."""
     import torch
 
-    from inflight.bench.prompts import make_workload
-    from inflight.bench.runners import run_engine
+    from inflight.bench.offline.prompts import make_workload
+    from inflight.bench.offline.runners import run_engine
     from inflight.threads import LoadWatch, adaptive_threads_wanted, openmp_idle_wait, passive_wait_in_effect
 
     ctx = model.config.max_position_embeddings
@@ -184,7 +184,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.busy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.protocol.busy", description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--num-requests", type=int, default=128)
     p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS), help=f"';'-separated list of: {'; '.join(VARIANTS)}")
     p.add_argument("--competitors", type=int, default=None, help="spinning processes (default: one per core)")
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = machine_load().as_dict()
     res = matrix([v.strip() for v in a.variants.split(";") if v.strip()], a.num_requests, a.rounds, a.competitors)
     res.update(load_before=before, load_after=machine_load().as_dict(),
-               command="python -m inflight.bench.busy " + " ".join(sys.argv[1:] if argv is None else argv))
+               command="python -m inflight.bench.protocol.busy " + " ".join(sys.argv[1:] if argv is None else argv))
     print(report(res))
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

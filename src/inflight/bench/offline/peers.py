@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from inflight.bench.prompts import BenchRequest, Workload
-from inflight.bench.record import Arrivals, RunRecord, timed_run
+from inflight.bench.offline.prompts import BenchRequest, Workload
+from inflight.bench.offline.record import Arrivals, RunRecord, timed_run
 
 __all__ = ["to_transformers", "run_hf_static", "run_hf_continuous"]
 

@@ -17,7 +17,7 @@ OpenMP wait policy `import inflight` sets, a thread count) can handicap another:
 
 A contender is any command that does one measurement and writes a JSON object to the file named by
 `$INFLIGHT_RESULT`: `{"value": <higher is better, e.g. tokens/s>, "tokens": {request id: [ids]}, ...}`
-(`inflight.bench.contender` is that command for this package's modes and the transformers peers;
+(`inflight.bench.protocol.contender` is that command for this package's modes and the transformers peers;
 a server benchmark can be another). `compare` runs the whole protocol.
 """
 from __future__ import annotations
@@ -250,7 +250,7 @@ def compare(contenders: Sequence[Contender], rounds: int = 5, search_rounds: int
         for name, f in found.items():
             log(f"{name}: best setting {f['best'].label}")
         rows = alternate(contenders, {name: f["best"] for name, f in found.items()}, rounds, run, ref, log)
-    return {"protocol": "each contender in its own process at its best setting, alternating (inflight.bench.fair)",
+    return {"protocol": "each contender in its own process at its best setting, alternating (inflight.bench.protocol.fair)",
             "rounds": rows, "search_rounds": rounds if search_in_rounds else search_rounds,
             "search_in_rounds": search_in_rounds,
             "settings": {name: {"best": f["best"].as_dict(), "tried": f["tried"]} for name, f in found.items()},

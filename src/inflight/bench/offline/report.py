@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from inflight.bench.config import MODE_TITLES, MODES
+from inflight.bench.offline.config import MODE_TITLES, MODES
 
 __all__ = ["format_table", "format_report", "format_fair", "target_lines", "save_results", "print_and_save"]
 
@@ -62,9 +62,9 @@ def format_report(results: dict[str, Any]) -> str:
         (["", f"fair comparison with the peers: {fair['status']} ({fair.get('reason') or fair.get('error')})"] if fair else [])
     out += _limits_lines(results.get("device_limits", {}), results["workloads"].get("long_tailed", {}).get("modes", {}))
     out += _floor_lines(results.get("time_floor") or {})
-    for key, title in (("attention_bench", "attention bench (inflight.bench.attention)"),
-                       ("prefix_caching", "prefix caching (inflight.bench.prefix)"),
-                       ("decode_step", "decode step at batch 1 (inflight.bench.decode_step)")):
+    for key, title in (("attention_bench", "attention bench (inflight.bench.kernels.attention)"),
+                       ("prefix_caching", "prefix caching (inflight.bench.offline.prefix)"),
+                       ("decode_step", "decode step at batch 1 (inflight.bench.kernels.decode_step)")):
         sec = results.get(key, {})
         out += ["", f"{title}: {sec.get('status')}" + (f" ({sec.get('error')})" if sec.get("error") else "")]
         if sec.get("report"):
@@ -81,7 +81,7 @@ def _agreement_lines(results: dict[str, Any]) -> list[str]:
     if pol.get("policy") != "teacher_forced_logprobs":
         return []
     out = [f"check ({pol['dtype']}): teacher-forced log-probabilities within {pol['tolerance_nats']} nats + "
-           f"{pol['tolerance_relative']:.3g} x |top logit| of the reference's greedy token (inflight.bench.agreement)"]
+           f"{pol['tolerance_relative']:.3g} x |top logit| of the reference's greedy token (inflight.bench.offline.agreement)"]
     for name, w in results["workloads"].items():
         for m, v in (w.get("modes") or {}).items():
             a = v.get("agreement")
@@ -118,7 +118,7 @@ def _online_lines(online: dict[str, Any] | None) -> list[str]:
 
 
 def format_fair(fair: dict[str, Any]) -> str:
-    """The comparison with the peers by the fair protocol (`bench.fair`, `bench.side_by_side`):
+    """The comparison with the peers by the fair protocol (`bench.protocol.fair`, `bench.protocol.side_by_side`):
     each system's median and range, its setting, each ratio's median and range, the token check."""
     rounds = len(fair["rounds"])
     searched = fair.get("search_rounds") and any(v["tried"] for v in fair["settings"].values())
@@ -138,7 +138,7 @@ def format_fair(fair: dict[str, Any]) -> str:
 
 
 def target_lines(t: dict[str, Any]) -> list[str]:
-    """The targets of a fair comparison (`bench.side_by_side.run`'s "target"): over `generate` as a
+    """The targets of a fair comparison (`bench.protocol.side_by_side.run`'s "target"): over `generate` as a
     multiple of the ideal, and the engine's time over its floor when it was measured."""
     if not t["rounds_measured"]:
         return ["no round gave both speeds (a process's tokens differed from the reference)"]
@@ -175,7 +175,7 @@ def _floor_lines(floor: dict[str, Any]) -> list[str]:
     """Where the paged run's time went against the floors of its own work, and what they allow."""
     if floor.get("status") != "ok":
         return []
-    out = ["", f"where the paged run's time went (inflight.bench.floor): {floor['wall_s']:.2f} s = linear layers "
+    out = ["", f"where the paged run's time went (inflight.bench.protocol.floor): {floor['wall_s']:.2f} s = linear layers "
                f"at their measured rate {floor['linear_layers_s']:.2f} s ({floor['linear_share']:.0%}) + one KV read "
                f"per step at the copy rate {floor['kv_read_s']:.2f} s ({floor['kv_share']:.0%}) + everything else "
                f"{floor['rest_s']:.2f} s ({floor['rest_share']:.0%})",

@@ -1,4 +1,4 @@
-"""`python -m inflight.bench.cpu_kernel`: the C code of the CPU path against the plain-torch reference, side by side.
+"""`python -m inflight.bench.kernels.cpu`: the C code of the CPU path against the plain-torch reference, side by side.
 
 Three measurements, each alternating the implementations in one process so that the machine's drift
 hits all of them alike:
@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import torch
 
-from inflight.bench.config import BenchConfig
-from inflight.bench.report import print_and_save
+from inflight.bench.offline.config import BenchConfig
+from inflight.bench.offline.report import print_and_save
 from inflight.blocks import blocks_needed
 from inflight.model import cpu_attention, fused_ops, skinny_gemm
 from inflight.model.attention import AttentionBackend
@@ -129,7 +129,7 @@ def end_to_end(model: Any, n: int = 256, repeats: int = 2, seed: int = 0, **work
     """The paged engine on the long-tailed workload with each implementation, alternated: tokens/s of
     every run and whether the two gave the same tokens. `workload` overrides the benchmark's shape
     (`prompt_range`, `output_mean`, `output_cap`)."""
-    from inflight.bench.suite import _plan, _setup, run_mode  # the benchmark's own setup and mode 4
+    from inflight.bench.offline.suite import _plan, _setup, run_mode  # the benchmark's own setup and mode 4
 
     cfg = BenchConfig(n=n, seed=seed, **workload)
     setup = _setup(cfg, model)
@@ -169,7 +169,7 @@ def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
     linear = linear_step_ms(model)
     e2e = end_to_end(model, n, repeats)
     return {"status": "ok", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m inflight.bench.cpu_kernel " + " ".join(sys.argv[1:]), "threads": threads.threads,
+            "command": "python -m inflight.bench.kernels.cpu " + " ".join(sys.argv[1:]), "threads": threads.threads,
             "kernel_threads": cpu_attention.parallel_backend(), "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
             "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"],
             "linear_step_ms": linear, "skinny_max_rows": skinny_gemm.MAX_ROWS, "end_to_end": e2e}
@@ -196,7 +196,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.cpu_kernel", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.kernels.cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--num-requests", type=int, default=256)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("-B", "--batch", type=int, default=48)

@@ -8,9 +8,9 @@ from typing import Any, Sequence
 
 import torch
 
-from inflight.bench.config import MODE_TITLES
-from inflight.bench.prompts import Workload
-from inflight.bench.record import RunRecord, kv_bytes_per_token
+from inflight.bench.offline.config import MODE_TITLES
+from inflight.bench.offline.prompts import Workload
+from inflight.bench.offline.record import RunRecord, kv_bytes_per_token
 from inflight.stats import percentile
 
 __all__ = ["check_outputs", "summarize", "ideal_speedup", "device_limits", "targets"]
@@ -107,7 +107,7 @@ def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -
         "engine_stats": rec.engine_stats, "notes": rec.notes,
         "batch_over_time": _thin({"t": rec.step_time, "batch": rec.step_batch}),
         # what each step computed (engine modes): tokens fed to the model, KV tokens the running requests
-        # held (recorded on steps that returned tokens); `bench.floor` turns them into lower bounds
+        # held (recorded on steps that returned tokens); `bench.protocol.floor` turns them into lower bounds
         "work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens} if rec.step_tokens else None,
         **_engine_shares(rec.engine_stats),
     }
@@ -226,9 +226,9 @@ HF_CONTINUOUS_TARGET = 15.0    # x `transformers` continuous batching
 def _peer_targets(tps: dict[str, Any], ideal: dict[str, Any] | None, paged: dict[str, Any],
                   floor: dict[str, Any], fair: dict[str, Any]) -> dict[str, Any]:
     """The paged engine against its roof and its peers (each entry: the figures and `met`). The
-    ratios come from the fair comparison when it ran (`bench.fair`: the median over its rounds, with
+    ratios come from the fair comparison when it ran (`bench.protocol.fair`: the median over its rounds, with
     the range), else from this process's table (marked so). With the run's time floor
-    (`bench.floor`), each entry also says the most the target's measure could reach on this machine
+    (`bench.protocol.floor`), each entry also says the most the target's measure could reach on this machine
     if everything but the linear layers were free, and whether the target is within it."""
     t: dict[str, Any] = {}
     ok = floor.get("status") == "ok"
@@ -270,7 +270,7 @@ def _peer_ratio(peer: str, tps: dict[str, Any], fair: dict[str, Any]) -> dict[st
     r = (fair.get("summary") or {}).get("ratios", {}).get(f"paged/{peer}") if fair.get("status") == "ok" else None
     if r and r.get("median"):
         return {"ratio": r["median"], "range": [r["min"], r["max"]], "rounds": r["n"],
-                "measured": "fair: each system in its own process at its best setting, alternating (bench.fair)"}
+                "measured": "fair: each system in its own process at its best setting, alternating (bench.protocol.fair)"}
     if tps.get("paged") and tps.get(peer):
         return {"ratio": tps["paged"] / tps[peer], "measured": "in one process (no fair comparison ran)"}
     return None

@@ -1,4 +1,4 @@
-"""`python -m inflight.bench.serve_chaos`: the server under misbehaving clients.
+"""`python -m inflight.bench.serve.chaos`: the server under misbehaving clients.
 
 Streamed requests arrive as a Poisson process; a share of the clients hang up at a random moment
 (before their first token or mid-stream), a share send bad requests (malformed JSON, unknown
@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import inflight  # noqa: F401  (before torch: the OpenMP wait policy)
-from inflight.bench.serve import SampleRequest, arrival_times, random_requests
-from inflight.bench.serve_client import send_request, stream_payload
-from inflight.bench.serve_process import run_record, save_result, start_inflight
+from inflight.bench.serve.loadgen import SampleRequest, arrival_times, random_requests
+from inflight.bench.serve.client import send_request, stream_payload
+from inflight.bench.serve.process import run_record, save_result, start_inflight
 
 __all__ = ["main", "BAD_BODIES"]
 
@@ -81,7 +81,7 @@ def _references(reqs: list[SampleRequest]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve_chaos", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.serve.chaos", description=__doc__.splitlines()[0])
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--request-rate", type=float, default=15.0)
     p.add_argument("--input-len", type=int, default=32)
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         code = srv.stop()
     refs = _references(reqs)
     report = _judge(results, reqs, refs, metrics, memory)
-    report.update({**run_record("inflight.bench.serve_chaos", argv, watch),
+    report.update({**run_record("inflight.bench.serve.chaos", argv, watch),
                    "settings": vars(args) | {"output": str(args.output)}, "server_exit_code": code})
     print(json.dumps({k: v for k, v in report.items() if k not in ("load", "memory_mib")}, indent=1))
     save_result(report, args.output)

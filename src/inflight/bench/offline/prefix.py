@@ -1,4 +1,4 @@
-"""`python -m inflight.bench.prefix`: what prefix caching buys, measured on our engine.
+"""`python -m inflight.bench.offline.prefix`: what prefix caching buys, measured on our engine.
 
 Two workloads with the same lengths, each run with prefix caching off and on:
 
@@ -9,8 +9,8 @@ Requests arrive one every `arrival_every` engine steps (so later requests find e
 cached, as on a live server). Reported per run: prefill tokens computed, TTFT (mean/p50/p99),
 output throughput, the cache hit rate; and a check that greedy outputs are identical on and off.
 
-    python -m inflight.bench.prefix              # full size, prints a table, saves JSON
-    python -m inflight.bench.prefix --quick      # CI / notebook size (a few seconds on a CPU)
+    python -m inflight.bench.offline.prefix              # full size, prints a table, saves JSON
+    python -m inflight.bench.offline.prefix --quick      # CI / notebook size (a few seconds on a CPU)
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
-from inflight.bench.models import describe_model, load_model
-from inflight.bench.prompts import Workload, with_token_ids
+from inflight.bench.offline.models import describe_model, load_model
+from inflight.bench.offline.prompts import Workload, with_token_ids
 from inflight.sim import workloads
 from inflight.stats import percentile
 
@@ -34,7 +34,7 @@ __all__ = ["shared_prefix_workload", "share_nothing_workload", "run_workload", "
 def _workload(name: str, n: int, prompt_len: int, shared_len: int, output_len: int, vocab_size: int, seed: int,
               arrival_every: int) -> Workload:
     """`n` prompts of `prompt_len` tokens (the first `shared_len` common to all), arriving one every
-    `arrival_every` engine steps; lengths from `sim.workloads`, token ids from `bench.prompts`."""
+    `arrival_every` engine steps; lengths from `sim.workloads`, token ids from `bench.offline.prompts`."""
     lengths = workloads.from_lengths([output_len] * n, arrivals=[i * arrival_every for i in range(n)],
                                      prompt_len=prompt_len)
     return with_token_ids(name, lengths, vocab_size, f"{name}-{seed}", shared_prefix=shared_len)
@@ -160,7 +160,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inflight.bench.prefix", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m inflight.bench.offline.prefix", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (CI, notebooks)")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)

@@ -4,7 +4,7 @@ The length and arrival generators live once, torch-free, in `inflight.sim.worklo
 thing a benchmark adds is the prompts' token ids (`with_token_ids`). The serving benchmark's two
 offline workloads are `short_chat` ("long_tailed") and `uniform` lengths; its online workload is the
 same requests arriving as a Poisson process (`with_poisson_arrivals`). The prefix-caching
-benchmark (`inflight.bench.prefix`) builds its own from fixed lengths and a shared prefix.
+benchmark (`inflight.bench.offline.prefix`) builds its own from fixed lengths and a shared prefix.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""`python -m inflight.bench.attention`: the paged-KV chapter's figures.
+"""`python -m inflight.bench.kernels.attention`: the paged-KV chapter's figures.
 
 1. KV memory utilization (any machine): contiguous max-length reservation vs paged blocks of
    8/16/32 tokens on two workloads (short long-tailed chat, ShareGPT-like), with the paging ceiling.
 2. On CUDA only: the Triton paged decode kernel (split into partitions, and single-pass) vs
    contiguous `scaled_dot_product_attention` (and the plain-torch paged reference) at batch 32–128
    and contexts 512–4096, with the memory bandwidth each achieves against the device's peak and
-   the targets met (`inflight.bench.attention_kernel`). On a CPU this section says it is skipped.
+   the targets met (`inflight.bench.kernels.triton_decode`). On a CPU this section says it is skipped.
 
 Prints a table and saves `results/attention_<device>.json`.
 """
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from inflight.bench.attention_kernel import kernel_benchmark, kernel_figures, kernel_report_lines, peak_bandwidth_gbs
+from inflight.bench.kernels.triton_decode import kernel_benchmark, kernel_figures, kernel_report_lines, peak_bandwidth_gbs
 
 __all__ = ["kv_utilization_figures", "kernel_benchmark", "peak_bandwidth_gbs", "device_name", "collect", "main"]
 
