@@ -81,12 +81,11 @@ def _smaller(png: bytes, dpi: float, min_text: str) -> bytes:
 
 
 def install(shell: Any = None) -> None:
-    """Show this kernel's matplotlib figures with `site_png`. The inline backend is set up first
-    (importing it registers its own PNG formatter; matplotlib would otherwise import it, lazily, at
-    the first figure, replacing this one); then pyplot is pointed at it."""
+    """Show this kernel's matplotlib figures with `site_png`. The kernel's backend (the inline one)
+    is loaded first: loading it registers its own PNG formatter, and matplotlib would otherwise
+    load it lazily, at the first figure, replacing this one."""
     import matplotlib
     import matplotlib.pyplot as plt
-    import matplotlib_inline.backend_inline  # noqa: F401
     from matplotlib.figure import Figure
 
     plt.switch_backend(matplotlib.get_backend())
