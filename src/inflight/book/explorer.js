@@ -306,7 +306,7 @@
     }).then(pause).then(function () {
       var layout = topLayout(gd, v);
       gd.style.height = layout.height + "px";
-      return window.Plotly.react(gd, v.data, layout, fig.config);
+      return window.Plotly.newPlot(gd, v.data, layout, fig.config);  // (react kept an outline's empty text)
     }).then(pause).then(function () {
       return window.Plotly.addFrames(gd, v.frames);
     }).then(function () {
