@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from inflight.book.notebook import colab_link, read_repository  # noqa: E402
 from site_phone import phone_pass  # noqa: E402
 from site_probe import (LONG_TASK_MS, LONG_TASKS_INIT, Traffic, figure_problems, layout_problems,  # noqa: E402
-                        long_tasks, math_problems)
+                        long_tasks, math_problems, wait_drawn)
 
 CHROMIUM = "/usr/bin/chromium"
 # The chapters that must have an explorer (issue 21: every chapter).
@@ -157,9 +157,7 @@ def explorer_problems(page, rel: str, shots: Path) -> tuple[int, list[str]]:
         box = boxes.nth(i)
         name = f"{rel}: explorer {i + 1}"
         box.scroll_into_view_if_needed()
-        try:
-            box.locator(".inflight-plot .main-svg").first.wait_for(timeout=15000)
-        except Exception:
+        if not wait_drawn(box):
             problems.append(f"{name} was not drawn when scrolled into view")
             continue
         page.wait_for_timeout(300)

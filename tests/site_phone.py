@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from site_probe import (LONG_TASK_MS, LONG_TASKS_INIT, WEIGHT_BUDGET_KB, Traffic, figure_problems,
-                        layout_problems, long_tasks, math_problems)
+                        layout_problems, long_tasks, math_problems, wait_drawn)
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 3, "is_mobile": True, "has_touch": True}
 SWIPE_PX = 240  # one vertical swipe; the page must follow at least half of it
@@ -163,6 +163,7 @@ def tap_problems(page, box, name: str) -> list[str]:
         return []
     before = box.evaluate(_DRAWN_JS)
     for where in (0.95, 0.05):
+        wait_drawn(box)
         rails.first.scroll_into_view_if_needed()
         rect = rails.first.bounding_box()
         page.touchscreen.tap(rect["x"] + rect["width"] * where, rect["y"] + rect["height"] / 2)
@@ -181,9 +182,7 @@ def explorer_problems(page, cdp, rel: str, shots: Path, tasks: dict, since: floa
     for k in range(boxes.count()):
         box, name = boxes.nth(k), f"{rel} (phone): explorer {k + 1}"
         box.scroll_into_view_if_needed()
-        try:
-            box.locator(".main-svg").first.wait_for(timeout=15000)
-        except Exception:
+        if not wait_drawn(box):
             problems.append(f"{name} was not drawn when scrolled into view")
             continue
         page.wait_for_timeout(300)

@@ -86,6 +86,17 @@ def long_tasks(page, since: float = 0.0) -> tuple[float, float, float]:
     return max(mine, default=0.0), sum(max(0.0, d - 50) for d in mine), now
 
 
+def wait_drawn(box, timeout_ms: int = 15000) -> bool:
+    """Whether the explorer was drawn and made ready (explorer.js sets data-ready once its frames
+    are in and its controls answer; a redraw, for a new width, clears it meanwhile)."""
+    try:
+        box.locator(".inflight-plot .main-svg").first.wait_for(timeout=timeout_ms)
+        box.page.wait_for_function("b => b.hasAttribute('data-ready')", arg=box.element_handle(), timeout=timeout_ms)
+        return True
+    except Exception:
+        return False
+
+
 def math_problems(page, rel: str) -> list[str]:
     """Every maths element rendered (KaTeX), none as an error; else the reader sees raw TeX."""
     found = page.evaluate("""() => {

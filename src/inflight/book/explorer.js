@@ -298,6 +298,7 @@
     if (active) v.layout.sliders.forEach(function (s, i) { s.active = active[i]; });
     box._inflightWidth = width;
     box.setAttribute("data-drawn", "1");
+    box.removeAttribute("data-ready");  // (set once its frames are in and its controls answer)
     gd.style.height = v.layout.height + "px";
     // each stage a task of its own (a promise's callbacks would all run in one): the reader's taps
     // and scrolls are served between them
@@ -318,6 +319,7 @@
         var m = /^inflight-play-(\d+)$/.exec((e.button && e.button.name) || "");
         if (m) play(gd, Number(m[1]), ms);
       });
+      box.setAttribute("data-ready", "1");
     });
   }
 
