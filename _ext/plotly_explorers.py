@@ -1,36 +1,44 @@
-"""Serve the explorers' JavaScript from the site itself, once per page that has an explorer.
+"""Serve the explorers' JavaScript from the site itself, on the pages that have an explorer.
 
 The chapters' kernel-free explorers (`inflight.book.interactive`) are plotly figures whose outputs
 carry only their JSON. This extension
 - tells the kernels myst-nb starts that the page will load the scripts (INFLIGHT_EXPLORER_JS=page,
   inherited by every kernel the build starts), so no output embeds plotly.js or points at a CDN;
-- copies plotly.js (the copy inside the `plotly` package) and `explorer.js` into the site's `_static`;
-- adds both, deferred, to the pages whose body holds an explorer, and to no other page.
+- copies the site's plotly.js (`_vendor/plotly`: a bundle of only the trace types the explorers
+  draw, a quarter of plotly's full one; see _vendor/README.md) and `explorer.js` into `_static`;
+- adds `explorer.js`, deferred, to the pages whose body holds an explorer, and to no other page;
+  it loads plotly.js (named by its data-plotly attribute) when the first explorer comes near the
+  screen, so a page is read before plotly.js is fetched or run.
 It also drops the widget state myst-nb saves with a page that ran a live (ipywidgets) explorer:
 no widget manager reads it here (`nb_ipywidgets_js` is empty in _config.yml: its loaders come
 from CDNs), a live explorer needs a kernel anyway, and the site shows its precomputed twin.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 from inflight.book.interactive import ENV, explorer_js
 
 MARKER = 'class="inflight-explorer"'
-SCRIPTS = ("plotly.min.js", "inflight_explorer.js")
+PLOTLY, SCRIPT = "plotly.min.js", "inflight_explorer.js"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def _static_files(app) -> None:
-    import plotly
-
+    if app.builder.format != "html":
+        return
+    bundle = Path(app.srcdir) / "_vendor" / "plotly" / PLOTLY
+    if not bundle.is_file():
+        raise FileNotFoundError(f"the site's plotly.js is missing: {bundle} (see _vendor/README.md)")
     folder = Path(app.outdir).parent / "explorer_static"
     folder.mkdir(parents=True, exist_ok=True)
-    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-    (folder / SCRIPTS[0]).write_bytes(plotly_js.read_bytes())
-    (folder / SCRIPTS[1]).write_text(explorer_js(), encoding="utf-8")
+    data = bundle.read_bytes()
+    (folder / PLOTLY).write_bytes(data)
+    (folder / SCRIPT).write_text(explorer_js(), encoding="utf-8")
     app.config.html_static_path.append(str(folder))
+    app.inflight_plotly = f"{PLOTLY}?v={hashlib.sha256(data).hexdigest()[:8]}"
 
 
 def _page_scripts(app, pagename, templatename, context, doctree):
@@ -38,8 +46,7 @@ def _page_scripts(app, pagename, templatename, context, doctree):
     # the widget state myst-nb saved with the page: no widget manager reads it on this site
     scripts[:] = [s for s in scripts if getattr(s, "attributes", {}).get("type") != WIDGET_STATE]
     if MARKER in context.get("body", ""):
-        for name in SCRIPTS:  # plotly.js first: deferred scripts run in order
-            app.add_js_file(name, loading_method="defer")
+        app.add_js_file(SCRIPT, loading_method="defer", **{"data-plotly": app.inflight_plotly})
 
 
 def setup(app):

@@ -113,7 +113,8 @@ def aging_site(workload: Sequence[Request], priorities: dict, slots: int, agings
     layout.update(title={"font": {"size": 13}}, margin={"t": 96})
     trade = {"type": "scatter", "mode": "lines+markers+text", "x": [round(t[0], 1) for t in curve.values()],
              "y": [round(t[1], 1) for t in curve.values()], "xaxis": "x2", "yaxis": "y2", "showlegend": False,
-             "text": [str(a) for a in curve], "textposition": "top right",
+             "text": [str(a) for a in curve],  # neighbours' labels on either side of the curve
+             "textposition": ["top right" if k % 2 == 0 else "bottom left" for k in range(len(curve))],
              "textfont": {"size": 10}, "line": {"color": "#999"}, "marker": {"size": 5, "color": "#999"},
              "hoverinfo": "skip"}
 

@@ -287,17 +287,26 @@ def loop_site(step: Callable[[Any], Any] = reference_step, workload: str = "tigh
     layout = panels(3, 1, titles=("", "every request, step by step", f"KV blocks held (the pool has {run.num_blocks})"))
     layout["annotations"] = layout["annotations"][1:]
     layout["xaxis"].update(domain=[0, 1], range=[-0.5, 4.5], visible=False, fixedrange=True)
-    layout["yaxis"].update(domain=[0.8, 1], range=[0, 1], visible=False, fixedrange=True)
+    layout["yaxis"].update(domain=[0.8, 1], range=[-0.03, 1.03], visible=False, fixedrange=True)  # (the boxes' borders)
     layout["yaxis2"].update(domain=[0.3, 0.7], range=[len(run.requests) - 0.5, -0.5], showgrid=False,
                             tickvals=list(range(len(run.requests))), ticktext=[f"r{r}" for r in run.requests])
     layout["yaxis3"].update(domain=[0, 0.16], range=[0, run.num_blocks + 1])
     layout["xaxis2"].update(range=[0, end])
     layout["xaxis3"].update(range=[0, end], matches="x2", title={"text": "step"})
-    layout["annotations"][0]["y"] = 0.7
-    layout["annotations"][1]["y"] = 0.16
     layout["shapes"] = [{"type": "line", "xref": "x3", "yref": "y3", "x0": 0, "x1": end, "y0": run.num_blocks,
                          "y1": run.num_blocks, "line": {"color": "#d62728", "dash": "dash", "width": 1}}]
     layout.update(barmode="overlay", bargap=0, legend={"x": 1, "xanchor": "right", "y": 0.7, "yanchor": "bottom",
                                                         "orientation": "h", "font": {"size": 11}})
     knob = Knob("step", "step", tuple(range(end)), play=True)
-    return explorer([knob], lambda step: _view(run, step), layout, height=520, play_ms=900)
+    return explorer([knob], lambda step: _view(run, step), layout, height=520, play_ms=900, narrow=_narrow(layout))
+
+
+def _narrow(layout: dict) -> dict:  # (the panels' titles follow their axes)
+    """On a phone the five steps are a list, one row each, above the requests and the blocks."""
+    # of a 700 px plot: the blocks 80 px, the requests 195 px, the steps 320 px (four lines a row)
+    rows = {"yaxis": [0.543, 1.0], "yaxis2": [0.214, 0.493], "yaxis3": [0.0, 0.114]}
+    return {"height": 700,
+            "layout": {"xaxis": {"range": [-0.01, 1.01]}, "yaxis": {"domain": rows["yaxis"], "range": [4.55, -0.55]},
+                       **{axis: {"domain": rows[axis]} for axis in ("yaxis2", "yaxis3")}},
+            "traces": {0: {"orientation": "h", "x": [1] * 5, "y": list(range(5)), "width": 0.92},
+                       1: {"x": [0.5] * 5, "y": list(range(5))}}}

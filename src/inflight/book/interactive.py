@@ -40,14 +40,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from inflight.book.explorer_layout import (AXIS_TITLE_PX, FONT, SLIDER_ROW_PX, TAB10, base_layout, controls,  # noqa: F401
+                                           merge, narrow_spec, panels, slider_rows)
+
 ENV = "INFLIGHT_EXPLORER_JS"  # "page": the page loads plotly.js and explorer.js (the book's site)
-FONT = {"family": "DejaVu Sans, Verdana, Arial, sans-serif", "size": 13, "color": "#222"}
-TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-         "#bcbd22", "#17becf"]  # matplotlib's default colours: the static figures' and these agree
-AXIS = {"showline": True, "linecolor": "#444", "ticks": "outside", "gridcolor": "#ececec", "zeroline": False,
-        "automargin": True}
-SLIDER_ROW_PX = 78  # one row of sliders: the current value, the rail, the tick labels
-AXIS_TITLE_PX = 58  # the bottom axis's tick labels and title, above the sliders
+# The trace types the site's plotly.js bundle draws (_vendor/plotly/entry.js: its core and these).
+SITE_TRACES = ("scatter", "bar", "heatmap")
 MAX_KB = 100  # a figure's JSON; a page stays light (and a bigger grid usually means too many knob values)
 _plotly_in_notebook = False  # generic Jupyter: plotly.js is put into the page with the first explorer
 
@@ -114,74 +112,6 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
     return obj
-
-
-def panels(rows: int = 1, cols: int = 1, *, titles: Sequence[str] = (), hspace: float = 0.1,
-           vspace: float = 0.18, share_x: bool = False) -> dict:
-    """The layout of a grid of panels (row by row: x/y, x2/y2, ...), each titled at its top left,
-    in the book's style. `share_x` links every panel's x axis to the first."""
-    layout: dict = {"annotations": []}
-    width = (1 - hspace * (cols - 1)) / cols
-    height = (1 - vspace * (rows - 1)) / rows
-    for i in range(rows * cols):
-        r, c = divmod(i, cols)
-        n = "" if i == 0 else str(i + 1)
-        x0, y1 = c * (width + hspace), 1 - r * (height + vspace)
-        layout[f"xaxis{n}"] = {"domain": [x0, x0 + width], "anchor": f"y{n}", **AXIS}
-        layout[f"yaxis{n}"] = {"domain": [y1 - height, y1], "anchor": f"x{n}", **AXIS}
-        if share_x and i:
-            layout[f"xaxis{n}"]["matches"] = "x"
-        if i < len(titles):
-            layout["annotations"].append({"text": titles[i], "xref": "paper", "yref": "paper", "x": x0, "y": y1,
-                                          "xanchor": "left", "yanchor": "bottom", "yshift": 6, "showarrow": False,
-                                          "font": {"size": 14}})
-    return layout
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    """`extra` over `base`, recursively; annotations and shapes are added to the base's, not replaced."""
-    out = dict(base)
-    for key, value in extra.items():
-        if key in ("annotations", "shapes"):
-            out[key] = list(base.get(key, [])) + list(value)
-        elif isinstance(value, dict) and isinstance(base.get(key), dict):
-            out[key] = _merge(base[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _controls(knobs: Sequence[Knob], plot_px: float) -> tuple[list, list]:
-    """One slider per knob, two to a row below the plot; a play button left of a knob that plays."""
-    sliders, menus = [], []
-    per_row = 1 if len(knobs) == 1 else 2
-    width = 1.0 / per_row
-    for k, knob in enumerate(knobs):
-        row, col = divmod(k, per_row)
-        y = -(AXIS_TITLE_PX + row * SLIDER_ROW_PX) / plot_px
-        x0 = col * width + (0.13 if knob.play else 0.0)
-        many = len(knob.values) > 12  # tick labels would overlap: the current value alone says it
-        sliders.append({
-            "active": knob.start_index, "x": x0, "len": width - (x0 - col * width) - 0.03, "y": y,
-            "xanchor": "left", "yanchor": "top", "pad": {"t": 6, "b": 0},
-            "currentvalue": {"prefix": f"{knob.label}: ", "font": {"size": 13, "color": "#222"}},
-            "font": {"size": 11, "color": "rgba(0,0,0,0)" if many else "#444"},
-            "steps": [{"label": knob.fmt.format(v), "method": "skip", "args": [None]} for v in knob.values]})
-        if knob.play:
-            menus.append({"type": "buttons", "showactive": False, "x": col * width, "y": y, "xanchor": "left",
-                          "yanchor": "top", "pad": {"t": 26}, "font": {"size": 12},
-                          "buttons": [{"label": "▶ play", "method": "skip", "args": [None],
-                                       "name": f"inflight-play-{k}"}]})
-    return sliders, menus
-
-
-def _style(layout: dict) -> dict:
-    """Every axis in the book's style, unless the layout says otherwise."""
-    out = dict(layout)
-    for key, value in layout.items():
-        if key.startswith(("xaxis", "yaxis")) and isinstance(value, dict):
-            out[key] = {**AXIS, **value}
-    return out
 
 
 def _drop_constant(parts: list[dict]) -> None:
@@ -264,27 +194,20 @@ def explorer_js() -> str:
 
 
 def explorer(knobs: Sequence[Knob], draw: Callable[..., View], layout: dict | None = None, *, height: int = 420,
-             play_ms: int = 500, max_kb: float = MAX_KB) -> Explorer:
+             play_ms: int = 500, max_kb: float = MAX_KB, narrow: dict | None = None) -> Explorer:
     """Compute `draw(**values)` at every point of the knobs' grid and make one figure of it.
 
     `layout` is the figure's fixed layout (`panels(...)`, legends, axis titles); `height` is the
-    plot's own, the sliders are added below it. Fails when the figure's JSON exceeds `max_kb`:
-    a page should stay light, so use fewer knob values or fewer points per trace."""
+    plot's own with its top margin, the sliders are added below it. `narrow` is what the chapter's
+    explorer changes on a narrow screen, over the book's own narrow layout (`explorer_layout`).
+    Fails when the figure's JSON exceeds `max_kb`: a page should stay light, so use fewer knob
+    values or fewer points per trace; and on a trace type the site's plotly.js does not draw."""
     if not knobs:
         raise ValueError("an explorer needs at least one knob")
     if len({k.name for k in knobs}) != len(knobs):
         raise ValueError(f"two knobs share a name: {[k.name for k in knobs]}")
-    rows = 1 if len(knobs) == 1 else -(-len(knobs) // 2)
-    bottom = AXIS_TITLE_PX + rows * SLIDER_ROW_PX
-    # the title on the top line, the legend under it on the right (panel titles sit on its left)
-    base = _style(_merge({"height": height + bottom, "margin": {"l": 70, "r": 20, "t": 84, "b": bottom},
-                          "font": FONT, "colorway": TAB10, "paper_bgcolor": "white", "plot_bgcolor": "white",
-                          "title": {"x": 0.0, "xanchor": "left", "xref": "paper", "yref": "container",
-                                    "yanchor": "top", "font": {"size": 14}},
-                          "legend": {"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
-                                     "font": {"size": 12}},
-                          "hoverlabel": {"font": {"size": 12}}},
-                         layout or {}))
+    bottom = AXIS_TITLE_PX + slider_rows(knobs, 1 if len(knobs) == 1 else 2) * SLIDER_ROW_PX
+    base = base_layout(height + bottom, bottom, layout or {})
     frames, first, ntraces = [], None, None
     start = tuple(k.start_index for k in knobs)
     for index in itertools.product(*(range(len(k.values)) for k in knobs)):
@@ -297,21 +220,30 @@ def explorer(knobs: Sequence[Knob], draw: Callable[..., View], layout: dict | No
             raise ValueError(f"every view must have the same traces: {values} has {len(data)}, the first had {ntraces}")
         ntraces = len(data)
         # a frame's annotations and shapes replace the figure's: the fixed ones go with every frame
-        frame_layout = _merge({key: base.get(key, []) for key in ("annotations", "shapes")}, view_layout)
+        frame_layout = merge({key: base.get(key, []) for key in ("annotations", "shapes")}, view_layout)
         frames.append({"name": ",".join(map(str, index)), "data": data, "layout": frame_layout})
         if index == start:
             first = copy.deepcopy((data, view_layout))  # the frames are trimmed below, the first view is not
+    _check_traces(first[0])
     for i in range(ntraces):
         _drop_constant([f["data"][i] for f in frames])
     _drop_constant([f["layout"] for f in frames])
-    # 12 px from the top; plotly lifts a title of several lines by 12 px more (measured, plotly.js 4)
-    titles = [f["layout"].get("title", {}).get("text", "") for f in frames] + [first[1].get("title", {}).get("text", "")]
-    base["title"].setdefault("y", 1 - (12 + 12 * any("<br>" in str(t) for t in titles)) / base["height"])
-    sliders, menus = _controls(knobs, base["height"] - base["margin"]["t"] - base["margin"]["b"])
-    figure = {"data": first[0], "layout": {**_merge(base, first[1]), "sliders": sliders, "updatemenus": menus},
-              "frames": frames, "config": {"responsive": True, "displayModeBar": False}}
+    plot_px = base["height"] - base["margin"]["t"] - base["margin"]["b"]
+    sliders, menus = controls(knobs, plot_px)
+    figure = {"data": first[0], "layout": {**merge(base, first[1]), "sliders": sliders, "updatemenus": menus},
+              "frames": frames, "config": {"responsive": True, "displayModeBar": False},
+              "narrow": narrow_spec(base, knobs, plot_px, narrow)}
     out = Explorer(figure, knobs, play_ms)
     if out.nbytes > max_kb * 1024:
         raise ValueError(f"the explorer's data is {out.nbytes / 1024:.0f} kB, over {max_kb} kB: "
                          f"use fewer knob values than {[len(k.values) for k in knobs]} or fewer points per trace")
     return out
+
+
+def _check_traces(data: list) -> None:
+    """Every trace must be of a type the site's plotly.js bundle draws."""
+    for trace in data:
+        kind = trace.get("type", "scatter")
+        if kind not in SITE_TRACES:
+            raise ValueError(f"trace type {kind!r} is not in the site's plotly.js bundle ({', '.join(SITE_TRACES)}): "
+                             "add it to _vendor/plotly/entry.js and SITE_TRACES, and run _vendor/update.sh")
