@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from playwright.sync_api import Error as PlaywrightError
+
 from site_probe import (LONG_TASK_MS, LONG_TASKS_INIT, WEIGHT_BUDGET_KB, Traffic, figure_problems,
                         layout_problems, long_tasks, math_problems, wait_drawn)
 
@@ -156,6 +158,21 @@ def swipe_problems(page, cdp, box, name: str) -> list[str]:
     return problems
 
 
+def rail_rect(page, rails):
+    """The first slider rail's box, scrolled into view. Plotly redraws a slider (a new rail element)
+    when a frame lands, so the element found may be gone by the time it is scrolled to: look again."""
+    for _ in range(30):
+        try:
+            rails.first.scroll_into_view_if_needed(timeout=2000)
+            rect = rails.first.bounding_box(timeout=2000)
+            if rect:
+                return rect
+        except PlaywrightError:
+            pass
+        page.wait_for_timeout(100)
+    return None
+
+
 def tap_problems(page, box, name: str) -> list[str]:
     """A tap at the far end of the first slider must change what is drawn."""
     rails = box.locator(".slider-rail-touch-rect")
@@ -164,8 +181,9 @@ def tap_problems(page, box, name: str) -> list[str]:
     before = box.evaluate(_DRAWN_JS)
     for where in (0.95, 0.05):
         wait_drawn(box)
-        rails.first.scroll_into_view_if_needed()
-        rect = rails.first.bounding_box()
+        rect = rail_rect(page, rails)
+        if rect is None:
+            return [f"{name}: the slider's rail never stayed on the page long enough to be tapped"]
         page.touchscreen.tap(rect["x"] + rect["width"] * where, rect["y"] + rect["height"] / 2)
         for _ in range(10):
             page.wait_for_timeout(100)
