@@ -66,7 +66,7 @@ def test_greedy_identical_under_memory_pressure(model, draft, method, preemption
     assert s["preemptions"] >= 3, "the pool should be small enough to force preemptions"
     assert s["spec_num_draft_tokens"] > 0 and s["spec_num_accepted_tokens"] > 0
     assert engine.allocator.num_free == engine.num_blocks
-    assert engine.proposer is not None
+    assert engine.speculator is not None and engine.speculator.k == 3
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -29,15 +29,15 @@ from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.logprobs import StepLogprobs
-from inflight.engine.output_processor import detokenize, request_heads, request_output_now, snapshot
+from inflight.engine.output_processor import request_heads, request_output_now, snapshot
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats
 from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
 from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
 from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
-from inflight.engine.sequence import Sequence, SequenceStatus, fail
-from inflight.engine.spec_decode import SpecDecodingMetrics, SpeculativeConfig, make_proposer
+from inflight.engine.sequence import Sequence, fail
+from inflight.engine.spec_decode.speculator import Speculator
 from inflight.model.sampler import Sampler, make_generator
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats", "EngineStalledError"]
@@ -67,13 +67,7 @@ class LLMEngine:
     A long-running engine keeps flat memory: it forgets a request once its final output has been
     returned (by `step()` or `generate()`, as vLLM does), `stats` holds the last `stats_window`
     steps (None: all of them) and `summary()` reads running totals over the engine's whole life.
-
-    `speculative_config` turns on speculative decoding (`inflight.engine.spec_decode`, chapter 12),
-    with vLLM's keys: `{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
-    "prompt_lookup_max": 3}` or `{"method": "draft_model", "model": path_or_model,
-    "num_speculative_tokens": k}` (`"inflight-tiny-draft"`: the tiny model's shipped draft). Each
-    decoding request then checks up to k proposals per step; greedy outputs are the same tokens as
-    without it, sampled ones the same distribution. `spec_decode_stats()` reads what it achieved."""
+    `speculative_config`: speculative decoding, vLLM's keys (`inflight.engine.spec_decode`, chapter 12)."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
@@ -106,7 +100,6 @@ class LLMEngine:
         if swap_blocks is not None:
             swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1, maximum=checks.INT64_MAX)
         sampler = Sampler(checks.seed("seed", seed))
-        self.speculative_config = SpeculativeConfig.parse(speculative_config)
         self.enable_prefix_caching = checks.flag("enable_prefix_caching", enable_prefix_caching)
         self.eos_token_ids = eos_token_ids(self.config, tokenizer)
         sched_cfg = SchedulerConfig(max_batch_size=max_batch_size, max_batched_tokens=max_batched_tokens,
@@ -129,13 +122,7 @@ class LLMEngine:
         graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
         self.runner = ModelRunner(model, self.kv_cache, sampler, graphs)
-        self.proposer, self.spec_metrics = None, None
-        if self.speculative_config is not None:
-            k = self.speculative_config.num_speculative_tokens
-            self.proposer = make_proposer(self.speculative_config, self.config, device=self.device, dtype=self.dtype,
-                                          num_blocks=num_blocks, block_size=self.block_size,
-                                          max_batch_size=max_batch_size)
-            self.spec_metrics = SpecDecodingMetrics(k)
+        self.speculator = Speculator.build(speculative_config, self, num_blocks, max_batch_size)  # (k = 0: off)
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
@@ -246,8 +233,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         events = sched.begin_step()
         sched.reap()                      # 1. reap
-        if self.proposer is not None:     # (speculative decoding: this step's proposals, before the budget)
-            self._propose()
+        self.speculator.propose(sched.running)  # (speculative decoding: proposals, before the budget)
         budget = sched.budget()           # 2. budget
         for s in sched.admit(budget):     # 3. admit
             if s.first_scheduled_time is None:
@@ -267,10 +253,8 @@ class LLMEngine:
         sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
         for s, why in broken.items():
             fail(s, f"the model's forward pass failed for it ({why})", now)
-        touched = sched.update(batch, tokens, now, failures, lps, self._stop_check) + list(broken)  # ... then the bookkeeping
-        if self.spec_metrics is not None:
-            for proposed, accepted in events.drafts:
-                self.spec_metrics.record(proposed, accepted)
+        touched = sched.update(batch, tokens, now, failures, lps, self.speculator.stop_check) + list(broken)  # ... then the bookkeeping
+        self.speculator.record(events)
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
@@ -280,31 +264,8 @@ class LLMEngine:
             self.check_invariants()
         return outs
 
-    def _propose(self) -> None:
-        """Proposals for every decoding request (up to k, fewer where max_tokens or the context would
-        end it sooner: a proposal past the end could never be used)."""
-        k = self.speculative_config.num_speculative_tokens
-        seqs, ks = [], []
-        for s in self.scheduler.running:
-            s.spec_token_ids = []
-            if s.finish_reason is None and s.status is SequenceStatus.RUNNING and s.num_tokens - s.num_computed_tokens == 1:
-                room = min(k, s.params.max_tokens - s.num_output_tokens - 1, self.max_model_len - s.num_tokens - 1)
-                if room > 0:
-                    seqs.append(s)
-                    ks.append(room)
-        if seqs:
-            for s, p in zip(seqs, self.proposer.propose(seqs, ks)):
-                s.spec_token_ids = list(p)
-
-    def _stop_check(self, s: Sequence, now: float) -> None:
-        """Stop strings after each token of a speculative step (so it ends where one-token steps would)."""
-        if s.detokenizer is not None and s.params.stop:
-            detokenize(s, now, self.eos_token_ids)
-
-    def spec_decode_stats(self) -> dict:
-        """What speculative decoding achieved over the engine's life (vLLM's counters, acceptance
-        rate, mean accepted length); {} when it is off."""
-        return {} if self.spec_metrics is None else self.spec_metrics.as_dict()
+    def spec_decode_stats(self) -> dict:  # (chapter 12: counters, acceptance rate, mean accepted length; {}: off)
+        return self.speculator.stats()
 
     def _record(self, batch: SchedulerOutput, events: StepEvents, outs: list[RequestOutput], t0: float, t1: float,
                 times: StepTimes) -> None:

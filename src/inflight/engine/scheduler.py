@@ -40,6 +40,7 @@ from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
 from inflight.engine.scheduler_types import NoCopy, SchedulerConfig, SchedulerOutput, StepEvents, Swapper
 from inflight.engine.sequence import Sequence, SequenceStatus, append_token, fail
+from inflight.engine.spec_decode.lookahead import keep_computed_blocks, plan_lookahead, take_verified
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
 
@@ -137,9 +138,8 @@ class Scheduler:
                 q = max(min(remaining, tokens) if cfg.enable_chunked_prefill else remaining, 0)
                 s.num_scheduled_tokens = q
                 tokens -= q
-        self._plan_lookahead(tokens)  # speculative decoding: proposals get only what is left
+        plan_lookahead(self.running, alloc := self.allocator, cfg.watermark_blocks, tokens)  # (speculation: leftovers)
         # a shared block a sample writes into first is not one it can write: its copy is a new block
-        alloc = self.allocator
         plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table)
                                     - (s.group is not None and s.num_scheduled_tokens > 0
                                        and shares_write_block(alloc, s)))
@@ -150,32 +150,6 @@ class Scheduler:
         b = Budget(b.blocks, b.tokens, b.slots - reserved, cfg.watermark_blocks)  # a copy: a learner's stays theirs
         self.events.budget = b
         return b
-
-    def _plan_lookahead(self, tokens: int) -> None:
-        """Speculative decoding's lookahead slots (vLLM's `num_lookahead_tokens`): a decoding request's
-        proposals (`spec_token_ids`, set by the engine's proposer before the budget) are scheduled
-        after its last token, as many as the step's leftover tokens and free blocks (above the
-        watermark, after every planned token's blocks) allow, in running order — so speculation never
-        takes a token or a block from anyone, and never causes a preemption. Trims the proposals."""
-        spec = [s for s in self.running if s.spec_token_ids]
-        if not spec:
-            return
-        alloc, bs = self.allocator, self.block_size
-        free = alloc.num_free - self.config.watermark_blocks - sum(
-            max(0, write_cost(alloc, s)) for s in self.running if s.num_scheduled_tokens)
-        for s in spec:
-            if s.num_scheduled_tokens != 1 or s.num_tokens - s.num_computed_tokens != 1:
-                s.spec_token_ids = []  # (only a decode verifies proposals)
-                continue
-            c = s.num_computed_tokens
-            base = max(blocks_needed(c + 1, bs), len(s.block_table))  # what its own token already takes
-            k = min(len(s.spec_token_ids), max(tokens, 0))
-            while k and blocks_needed(c + 1 + k, bs) - base > free:
-                k -= 1
-            free -= max(0, blocks_needed(c + 1 + k, bs) - base)
-            tokens -= k
-            s.spec_token_ids = s.spec_token_ids[:k]
-            s.num_scheduled_tokens = 1 + k
 
     # -- 3. admit --------------------------------------------------------------------------------
     def admit(self, budget: Budget) -> list[Sequence]:
@@ -337,14 +311,13 @@ class Scheduler:
         """The ragged batch for the model: every running request with tokens scheduled and KV slots for them."""
         seqs, prefill, decode = [], 0, 0
         for s in self.running:
-            # (a stale plan can't overrun; proposals, when there are, come after the last token)
+            # (a stale plan can't overrun; proposals, if any, follow the last token)
             q = min(s.num_scheduled_tokens, s.num_tokens + len(s.spec_token_ids) - s.num_computed_tokens)
             s.num_scheduled_tokens = max(q, 0)
             if q <= 0:
                 continue
             if len(s.block_table) * self.block_size < s.num_computed_tokens + q:  # no KV slot: can't run now
                 self.events.tokens_without_kv += q
-                s.spec_token_ids = []
                 continue
             seqs.append(s)
             if s.num_computed_tokens == s.num_tokens - 1:  # a decode (with its proposals: 1 + k tokens)
@@ -354,22 +327,14 @@ class Scheduler:
         self.events.free_blocks_at_decode = self.allocator.num_free
         return SchedulerOutput(seqs, prefill, decode)
 
-    def update(self, out: SchedulerOutput, sampled: Iterable[int | list[int]], now: float,
-               errors: Mapping[int, str] | None = None, logprobs: StepLogprobs | None = None,
-               stop_check: Callable[[Sequence, float], object] | None = None) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: Iterable[int | list[int]], now: float, errors: Mapping[int, str]
+               | None = None, logprobs: StepLogprobs | None = None, stop_check: Callable | None = None) -> list[Sequence]:
         """After the forward pass: count the computed tokens and append one sampled token to each
         request whose prefill is complete (`sampled`: one id per draw, in batch order — `n` for a
         carrier whose prompt is now in, which forks into its samples here), with its log-probability
         if asked (`logprobs`, `inflight.engine.logprobs`). `errors[k]` says why the k-th draw gave no
         token: that sample ends with finish_reason "error" and the message, the others go on (so
-        does a stop check that fails).
-
-        A request that verified proposals (speculative decoding) gets a list instead of one id: the
-        accepted proposals and the target's own token. Its computed count advances by its last token
-        plus the accepted ones only (the rejected ones' KV is left to be overwritten), its tokens are
-        appended one by one until one ends it — `stop_check(seq, now)`, the stop strings, runs after
-        each, so a request ends at the very token one-token steps would have ended it at — and the
-        blocks past its computed tokens go back to the pool."""
+        does a stop check that fails). Speculation: a list of the tokens kept (`spec_decode.lookahead`)."""
         it = iter(sampled)
         touched = []
         k = -1
@@ -382,21 +347,12 @@ class Scheduler:
                 cache_full_blocks(self.allocator, s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
-            if spec:
-                got = next(it)
+            tokens = [next(it)] if s.group is None else [next(it) for _ in range(draws(s))]
+            if spec and take_verified(self, s, spec, tokens[0], now, logprobs.spec.get(k + 1) if logprobs else None,
+                                      stop_check):
                 k += 1
-                if isinstance(got, list) and s.finish_reason is None:
-                    self._append_verified(s, spec, got, now, logprobs.spec.get(k) if logprobs is not None else None,
-                                          stop_check)
-                    touched.append(s)
-                    continue
-                if s.finish_reason is not None:
-                    self.events.wasted_tokens += 1 + len(spec)
-                    continue
-                self._keep_computed_blocks(s)  # (its row could not be checked: one ordinary token, below)
-                tokens, k = [got], k - 1
-            else:
-                tokens = [next(it)] if s.group is None else [next(it) for _ in range(draws(s))]
+                touched.append(s)
+                continue
             if s.finish_reason is not None:  # decoding a request that had already finished: wasted work
                 self.events.wasted_tokens += len(tokens)
                 k += len(tokens)
@@ -414,47 +370,17 @@ class Scheduler:
                 touched.append(sample)
         return touched
 
-    def _append_verified(self, s: Sequence, spec: list[int], got: list[int], now: float, rows: list | None,
-                         stop_check: Callable[[Sequence, float], object] | None) -> None:
-        """A speculative step's tokens for `s` (see `update`)."""
-        self.events.drafts.append((len(spec), len(got) - 1))
-        for j, token in enumerate(got):
-            append_token(s, token, now, self.config.eos_token_ids, self.config.max_model_len)
-            record_sampled(s, rows[j] if rows is not None else None)
-            if s.finish_reason is None and stop_check is not None and j < len(got) - 1:
-                stop_check(s, now)
-            if s.finish_reason is not None:
-                break
-        s.num_computed_tokens = s.num_tokens - 1  # the last real token, the accepted proposals; not the new one
-        self._keep_computed_blocks(s)
-        if self.config.enable_prefix_caching:
-            cache_full_blocks(self.allocator, s)
-
-    def _keep_computed_blocks(self, s: Sequence) -> None:
-        """Give back the blocks past `s`'s computed tokens (the lookahead of rejected proposals)."""
-        keep = blocks_needed(s.num_computed_tokens, self.block_size)
-        if len(s.block_table) > keep:
-            self.allocator.free(s.block_table[keep:])
-            del s.block_table[keep:]
-
     def release_unused(self, out: SchedulerOutput) -> None:
         """After a forward pass that raised: give back the blocks allocated for tokens that were not
         computed, so the engine stands as if this batch had been planned but not run (the next step
         plans again; nothing leaks)."""
         for s in out.seqs:
-            keep = blocks_needed(s.num_computed_tokens, self.block_size)
-            if len(s.block_table) > keep:
-                self.allocator.free(s.block_table[keep:])
-                del s.block_table[keep:]
-
-    def sampling_mask(self, out: SchedulerOutput) -> list[bool]:
-        """Which requests of the batch sample a token this step (their prefill completes)."""
-        return [s.num_computed_tokens + s.num_scheduled_tokens == s.num_tokens for s in out.seqs]
+            keep_computed_blocks(self.allocator, s)
 
     def num_draws(self, out: SchedulerOutput) -> int:
         """Tokens the batch's sampling draws: one per request whose prefill completes, `n` for a
         carrier about to fork (what `update` then takes)."""
-        return sum(draws(s) for s, m in zip(out.seqs, self.sampling_mask(out)) if m)
+        return sum(draws(s) for s in out.seqs if s.num_computed_tokens + s.num_scheduled_tokens >= s.num_tokens)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the books don't balance (see `inflight.engine.invariants`)."""

@@ -22,9 +22,15 @@ and values stay in the cache as garbage that the next step overwrites, and the b
 back to the pool. vLLM's counterparts are `vllm/v1/spec_decode/` and `vllm/v1/sample/rejection_sampler.py`.
 """
 from inflight.engine.spec_decode.config import SpeculativeConfig, make_proposer
-from inflight.engine.spec_decode.metrics import SpecDecodingMetrics
+from inflight.engine.spec_decode.metrics import SpecDecodingMetrics, expected_tokens_per_step
 from inflight.engine.spec_decode.ngram_proposer import NgramProposer, ngram_propose
-from inflight.engine.spec_decode.rejection_sampler import expected_tokens_per_step, rejection_sample, target_probs
 
 __all__ = ["SpeculativeConfig", "make_proposer", "SpecDecodingMetrics", "NgramProposer", "ngram_propose",
            "rejection_sample", "target_probs", "expected_tokens_per_step"]
+
+
+def __getattr__(name):  # the torch parts load on first use (the scheduler imports this package without torch)
+    if name in ("rejection_sample", "target_probs"):
+        from inflight.engine.spec_decode import rejection_sampler
+        return getattr(rejection_sampler, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SpecDecodingMetrics"]
+__all__ = ["SpecDecodingMetrics", "expected_tokens_per_step"]
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens one verifying step yields on average when each proposal is accepted independently with
+    probability `alpha`: 1 + α + α² + … + α^k = (1 − α^(k+1)) / (1 − α) (k + 1 when α = 1)."""
+    if alpha >= 1:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 @dataclass

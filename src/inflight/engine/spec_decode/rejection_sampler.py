@@ -26,15 +26,9 @@ from typing import Callable, Sequence as Seq
 
 import torch
 
+from inflight.engine.spec_decode.metrics import expected_tokens_per_step
+
 __all__ = ["target_probs", "rejection_sample", "greedy_verify", "expected_tokens_per_step"]
-
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Tokens one verifying step yields on average when each proposal is accepted independently with
-    probability `alpha`: 1 + α + α² + … + α^k = (1 − α^(k+1)) / (1 − α) (k + 1 when α = 1)."""
-    if alpha >= 1:
-        return float(k + 1)
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def target_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
