@@ -78,7 +78,7 @@ def run_once(model: Any, tokenizer: Any, method: str, k: int, batch: int, max_to
 def _one(a: argparse.Namespace) -> int:
     import inflight
 
-    model, tok = inflight.load_tiny()
+    model, tok = inflight.load_tiny(device=a.device)
     res = run_once(model, tok, a.one, a.k, a.batch, a.max_tokens)
     out = os.environ.get("INFLIGHT_RESULT")
     if out:
@@ -88,16 +88,16 @@ def _one(a: argparse.Namespace) -> int:
     return 0
 
 
-def _contender(method: str, k: int, batch: int, max_tokens: int):
+def _contender(method: str, k: int, batch: int, max_tokens: int, device: str = "cpu"):
     from inflight.bench.protocol import fair
 
     name = "plain" if method == "plain" else f"{method} k={k}"
     return fair.Contender(name, ("{python}", "-m", "inflight.bench.offline.speculative", "--one", method, "--k", str(k),
-                                 "--batch", str(batch), "--max-tokens", str(max_tokens)))
+                                 "--batch", str(batch), "--max-tokens", str(max_tokens), "--device", device))
 
 
 def collect(batches: Sequence[int] = (1, 8, 32, 64), ks: Sequence[int] = (2, 4), rounds: int = 3, max_tokens: int = 96,
-            log=print) -> dict[str, Any]:
+            log=print, device: str = "cpu") -> dict[str, Any]:
     """The fair protocol once per batch size: plain and every (method, k), `rounds` rounds each."""
     import tempfile
 
@@ -106,18 +106,18 @@ def collect(batches: Sequence[int] = (1, 8, 32, 64), ks: Sequence[int] = (2, 4),
     load_start = list(os.getloadavg())
     out: dict[str, Any] = {"batches": {}}
     for b in batches:
-        plain = _contender("plain", 0, b, max_tokens)
+        plain = _contender("plain", 0, b, max_tokens, device)
         with tempfile.TemporaryDirectory() as tmp:
             first = fair.run_process(plain, plain.settings[0])
             ref = fair.TokenReference.save(Path(tmp) / "ref.json", first["tokens"], "the plain engine, greedy")
-            cs = [plain] + [_contender(m, k, b, max_tokens) for m in ("ngram", "draft") for k in ks]
+            cs = [plain] + [_contender(m, k, b, max_tokens, device) for m in ("ngram", "draft") for k in ks]
             res = fair.compare(cs, rounds=rounds, search_rounds=0, pairs=[(c.name, "plain") for c in cs[1:]], ref=ref,
                                log=lambda s, b=b: log(f"batch {b}: {s}"))
         res.pop("reference", None)
         out["batches"][str(b)] = res
     out.update(machine={"platform": platform.platform(), "cpu_count": os.cpu_count(), "loadavg_start": load_start,
                         "loadavg_end": list(os.getloadavg())},
-               python=sys.version.split()[0], max_tokens=max_tokens, ks=list(ks), rounds=rounds)
+               python=sys.version.split()[0], max_tokens=max_tokens, ks=list(ks), rounds=rounds, device=device)
     return out
 
 
@@ -147,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the tiny model and its draft on it)")
     p.add_argument("--quick", action="store_true", help="batches 1 and 8, k = 4, one round, 24 tokens")
     p.add_argument("--output", default="results/spec_decode_cpu.json")
     a = p.parse_args(argv)
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _one(a)
     if a.quick:
         a.batches, a.ks, a.rounds, a.max_tokens = [1, 8], [4], 1, 24
-    res = collect(a.batches, a.ks, a.rounds, a.max_tokens)
+    res = collect(a.batches, a.ks, a.rounds, a.max_tokens, device=a.device)
     res["command"] = "python -m inflight.bench.offline.speculative " + " ".join(sys.argv[1:] if argv is None else argv)
     print(report(res))
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
