@@ -19,7 +19,9 @@ The scheduler's part (`inflight.engine.scheduler`): a request in decode carries 
 has left over (the lookahead slots: speculation never preempts anyone), and after the pass the
 request's `num_computed_tokens` advances by 1 + the accepted count only — the rejected tokens' keys
 and values stay in the cache as garbage that the next step overwrites, and the blocks past them go
-back to the pool. vLLM's counterparts are `vllm/v1/spec_decode/` and `vllm/v1/sample/rejection_sampler.py`.
+back to the pool. A seeded sampled request is reproducible from run to run under the same
+speculative config, but its text differs from the one without speculation (the rule draws its
+random numbers differently); its *distribution* is the same. vLLM's counterparts are `vllm/v1/spec_decode/` and `vllm/v1/sample/rejection_sampler.py`.
 """
 from inflight.engine.spec_decode.config import SpeculativeConfig, make_proposer
 from inflight.engine.spec_decode.metrics import SpecDecodingMetrics, expected_tokens_per_step
