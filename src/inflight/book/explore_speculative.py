@@ -133,10 +133,12 @@ def roofline_costs(params: float, draft_params: float, kv_per_token: float, draf
 
 
 def headline(alphas: dict, k: int, batch: int, costs: Sequence[Costs]) -> str:
+    """k and batch, then per method: tokens per step and the speed-up by each cost table (its label's first word)."""
     parts = [f"k = {k}, batch {batch}:"]
     for m, name, _ in METHODS:
         e = expected_tokens_per_step(alphas[m], k)
-        here = ", ".join(f"×{c.speedup(m, alphas[m], k, batch):.2f} {c.label}" for c in costs if batch <= c.max_batch)
+        here = ", ".join(f"×{c.speedup(m, alphas[m], k, batch):.2f} {c.label.split()[0]}" for c in costs
+                         if batch <= c.max_batch)
         parts.append(f"{name} {e:.2f} tokens/step, {here};")
     return " ".join(parts).rstrip(";")
 
