@@ -280,3 +280,23 @@ def test_config_parse_defaults():
     c = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)
     assert SpeculativeConfig.parse(None) is None
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_n_samples_under_memory_pressure_with_speculation(model, draft, preemption):
+    """Samples sharing a prompt's blocks (copy-on-write), preempted and resumed, speculating: every
+    sample completes, the invariants hold after every step (debug), nothing leaks; and a seeded run
+    is the same run to run."""
+    prompts = _prompts(4, seed=6, repeat=True, hi=8)
+    params = SamplingParams(n=3, temperature=0.8, top_p=0.9, max_tokens=14, seed=3, ignore_eos=True, logprobs=0)
+    runs = []
+    for _ in range(2):
+        for spec in _specs(draft, 3).values():
+            engine = LLMEngine(model, block_size=4, num_blocks=22, max_batch_size=6, preemption=preemption, debug=True,
+                               speculative_config=spec)
+            outs = engine.generate(prompts, params, use_tqdm=False)
+            assert all(len(c.token_ids) == 14 and len(c.logprobs) == 14 for o in outs for c in o.outputs)
+            assert engine.summary()["preemptions"] > 0 and engine.spec_decode_stats()["spec_num_drafts"] > 0
+            assert engine.allocator.num_free == engine.num_blocks
+            runs.append([[c.token_ids for c in o.outputs] for o in outs])
+    assert runs[:2] == runs[2:]
