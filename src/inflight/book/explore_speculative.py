@@ -32,10 +32,10 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 METHODS = (("ngram", "prompt lookup", TAB10[0]), ("draft", "draft model", TAB10[1]))
 
 
-def time_forward(model: Any, batch: int, q: int, context: int = 64, reps: int = 3) -> float:
-    """Best-of-`reps` seconds of one pass of `model` over `batch` requests, each computing `q` new
-    tokens after `context - q` cached ones (a decode is q = 1; a verify of k proposals, q = k + 1):
-    the attention metadata built from the block tables, as every engine pass does, then the forward."""
+def pass_timer(model: Any, batch: int, q: int, context: int = 64) -> Callable[[], float]:
+    """A function timing one pass of `model` over `batch` requests, each computing `q` new tokens
+    after `context - q` cached ones (a decode is q = 1; a verify of k proposals, q = k + 1): the
+    attention metadata built from the block tables, as every engine pass does, then the forward."""
     import torch
 
     from inflight.model.attention_metadata import AttentionMetadata
@@ -43,20 +43,33 @@ def time_forward(model: Any, batch: int, q: int, context: int = 64, reps: int = 
 
     bs = 16
     per = -(-context // bs)
-    dtype = next(model.parameters()).dtype
-    cache = KVCache.for_model(model.config, batch * per, bs, dtype=dtype, device=next(model.parameters()).device)
+    param = next(model.parameters())
+    cache = KVCache.for_model(model.config, batch * per, bs, dtype=param.dtype, device=param.device)
     tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]
     ids = torch.randint(1, model.config.vocab_size, (batch * q,), device=cache.device)
     rows = torch.arange(batch * q, device=cache.device)  # every row's logits: a verify samples them all
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(reps + 1):  # (the first warms up)
-            t0 = time.perf_counter()
-            meta = AttentionMetadata.build([q] * batch, [context] * batch, tables, bs, cache.device)
-            model(ids, meta.positions, meta, cache, logits_indices=rows)
-            if cache.device.type == "cuda":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def once() -> float:
+        t0 = time.perf_counter()
+        meta = AttentionMetadata.build([q] * batch, [context] * batch, tables, bs, cache.device)
+        model(ids, meta.positions, meta, cache, logits_indices=rows)
+        if cache.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    return once
+
+
+def time_passes(timers: dict, reps: int = 5) -> dict:
+    """Best of `reps` seconds for every timer, timed round-robin (a burst of load on a shared machine
+    then hits every point alike, not one point's every repetition); one warm-up round first."""
+    best = {key: float("inf") for key in timers}
+    for r in range(reps + 1):
+        for key, once in timers.items():
+            t = once()
+            if r:
+                best[key] = min(best[key], t)
     return best
 
 
@@ -111,11 +124,21 @@ class Costs:
 
 
 def measure_costs(target: Any, draft: Any, batches: Sequence[int] = (1, 8, 32, 64), qs: Sequence[int] = (1, 2, 3, 5, 9),
-                  context: int = 64, label: str = "this device", overhead: dict | None = None, reps: int = 3) -> Costs:
+                  context: int = 64, label: str = "this device", overhead: dict | None = None, reps: int = 5) -> Costs:
     """The target's passes at every (batch, q) and the draft's at q = 1 and 2, timed here (best of
-    `reps`), with the engine's per-step `overhead` {batch: seconds} if given."""
-    return Costs({(b, q): time_forward(target, b, q, context, reps) for b in batches for q in qs},
-                 {(b, q): time_forward(draft, b, q, context, reps) for b in batches for q in (1, 2)}, label, overhead)
+    `reps`, round-robin), with the engine's per-step `overhead` {batch: seconds} if given. A pass
+    over more tokens never costs less than one over fewer: where noise says otherwise, the larger q
+    takes the smaller q's time (a running maximum over q)."""
+    times = time_passes({("t", b, q): pass_timer(target, b, q, context) for b in batches for q in qs}
+                        | {("d", b, q): pass_timer(draft, b, q, context) for b in batches for q in (1, 2)}, reps)
+    tables: dict = {"t": {}, "d": {}}
+    for b in batches:
+        for which, qq in (("t", qs), ("d", (1, 2))):
+            run = 0.0
+            for q in sorted(qq):
+                run = max(run, times[which, b, q])
+                tables[which][b, q] = run
+    return Costs(tables["t"], tables["d"], label, overhead)
 
 
 def roofline_costs(params: float, draft_params: float, kv_per_token: float, draft_kv_per_token: float,
