@@ -231,13 +231,17 @@ def spec_site(alphas: dict, costs: Sequence[Costs], ks: Sequence[int] = KS, batc
     kk = list(range(1, max(ks) + 1))
     curves = [{"type": "scatter", "mode": "lines", "x": kk, "y": [round(expected_tokens_per_step(alphas[m], k), 3)
                                                                   for k in kk],
-               "name": f"{name} (α = {alphas[m]:.2f})", "line": {"color": color}, "hoverinfo": "skip"}
+               "name": f"{name}, α = {alphas[m]:.2f}", "line": {"color": color}, "hoverinfo": "skip"}
               for m, name, color in METHODS]
     one = {"type": "scatter", "mode": "lines", "x": [min(batches), max(batches)], "y": [1, 1], "xaxis": "x2",
            "yaxis": "y2", "line": {"color": "#444", "width": 1}, "showlegend": False, "hoverinfo": "skip"}
+    # the right panel's line styles, named once in the legend (its lines keep the methods' colours)
+    styles = [{"type": "scatter", "mode": "lines", "x": [None], "y": [None], "xaxis": "x2", "yaxis": "y2",
+               "name": c.label, "line": {"color": "#666", "dash": dash}, "hoverinfo": "skip"}
+              for c, dash in zip(costs, ("solid", "dash"))]
 
     def view(k: int, batch: int) -> View:
-        data = list(curves) + [one]
+        data = list(curves) + [one] + styles
         for m, name, color in METHODS:
             data.append({"type": "scatter", "mode": "markers", "x": [k], "y": [round(expected_tokens_per_step(alphas[m], k), 3)],
                          "marker": {"size": 12, "color": color}, "showlegend": False, "hoverinfo": "skip"})
@@ -246,6 +250,7 @@ def spec_site(alphas: dict, costs: Sequence[Costs], ks: Sequence[int] = KS, batc
                 ys = [round(c.speedup(m, alphas[m], k, b), 3) for b in bb]
                 data.append({"type": "scatter", "mode": "lines+markers", "x": bb, "y": ys, "xaxis": "x2",
                              "yaxis": "y2", "name": f"{name}, {c.label}", "line": {"color": color, "dash": dash},
+                             "showlegend": False,
                              "marker": {"size": [11 if b == batch else 4 for b in bb]},
                              "hovertemplate": "batch %{x}: ×%{y}<extra></extra>"})
         return View(data, {"title": {"text": headline(alphas, k, batch, costs).replace("; ", ";<br>")
