@@ -65,7 +65,12 @@ class LLMEngine:
 
     A long-running engine keeps flat memory: it forgets a request once its final output has been
     returned (by `step()` or `generate()`, as vLLM does), `stats` holds the last `stats_window`
-    steps (None: all of them) and `summary()` reads running totals over the engine's whole life."""
+    steps (None: all of them) and `summary()` reads running totals over the engine's whole life.
+
+    Prefill/decode disaggregation (`inflight.engine.kv_transfer`): with a `kv_connector`, a request
+    that finishes and that the connector `wants_kv` has its prompt's KV gathered and `save`d before
+    its blocks are freed (the prefill side); `add_prefilled_request` takes such a payload and decodes
+    from it (the decode side)."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
@@ -73,7 +78,7 @@ class LLMEngine:
                  debug: bool = False, device: str | torch.device | None = None, swap_blocks: int | None = None,
                  max_model_len: int | None = None, seed: int = 0, enable_prefix_caching: bool = False,
                  priority_aging: float | None = None, stats_window: int | None = 10_000,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, kv_connector: Any = None):
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
@@ -123,6 +128,8 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
+        self.kv_connector = kv_connector              # (disaggregation: where finished requests' KV goes)
+        self._arrived: deque[tuple[Sequence, Any]] = deque()  # prefilled elsewhere, waiting for blocks here
         self._next_id = 0       # the next automatic request id
         self._next_seq_no = 0   # submission order
         self._step_no = 0
@@ -194,6 +201,67 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         return request_id
 
+    def add_prefilled_request(self, payload: Any, sampling_params: SamplingParams | None = None,
+                              request_id: str | int | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request whose prompt was run by another engine (`payload`: a `KVPayload`, with its
+        prompt's KV and the token(s) sampled there); returns its id. At the next step with room it gets
+        blocks, the KV is written into them, and it decodes on from there, like a request this engine
+        had prefilled itself. `sampling_params` are the whole request's (`max_tokens` counts the tokens
+        already sampled). Checked like `add_request`; one sample (n=1) only."""
+        from inflight.engine.kv_transfer import KVPayload
+
+        if not isinstance(payload, KVPayload):
+            raise TypeError(f"payload must be a KVPayload, got {type(payload).__name__}")
+        seq = self._make_sequence(payload.prompt_token_ids, sampling_params, request_id, arrival_time)
+        if seq.params.n != 1 or seq.params.prompt_logprobs is not None or not payload.output_token_ids:
+            raise ValueError("a prefilled request has one sample, no prompt log-probabilities, and a first token")
+        checks.token_ids("output_token_ids", payload.output_token_ids, self.config.vocab_size)
+        kv = self.kv_cache
+        if payload.k[0].shape[0] != payload.num_tokens or len(payload.k) != kv.num_layers or \
+                tuple(payload.k[0].shape[1:]) != (kv.num_kv_heads, kv.head_dim):
+            raise ValueError(f"the payload's KV ({len(payload.k)} layers of {tuple(payload.k[0].shape)}) is not "
+                             f"this model's for {payload.num_tokens} tokens")
+        self.requests[seq.request_id] = seq
+        self._arrived.append((seq, payload))
+        return seq.request_id
+
+    def _admit_prefilled(self) -> list[Sequence]:
+        """Requests prefilled elsewhere join the running batch, in arrival order, while blocks and batch
+        slots allow (with room for one decode block each, so that they do not preempt at once)."""
+        from inflight.engine.block_manager import blocks_needed
+        from inflight.engine.kv_transfer import insert_kv
+        from inflight.engine.sequence import SequenceStatus, append_token
+
+        sched, now, admitted = self.scheduler, time.perf_counter(), []
+        while self._arrived and len(sched.running) < sched.config.max_batch_size:
+            seq, payload = self._arrived[0]
+            need = blocks_needed(payload.num_tokens, self.block_size)
+            if not self.allocator.can_allocate(need + 1):
+                break
+            self._arrived.popleft()
+            seq.block_table = self.allocator.allocate(need)
+            insert_kv(self.kv_cache, seq.block_table, payload.k, payload.v)
+            seq.num_computed_tokens = payload.num_tokens
+            seq.first_scheduled_time = now
+            seq.status = SequenceStatus.RUNNING
+            for t in payload.output_token_ids:
+                if seq.finish_reason is None:
+                    append_token(seq, t, now, self.eos_token_ids, self.max_model_len)
+            sched.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def _ship_kv(self, touched: list[Sequence]) -> None:
+        """The prefill side: the finished requests the connector wants leave with their prompt's KV."""
+        from inflight.engine.kv_transfer import KVPayload, extract_kv
+
+        for s in touched:
+            if s.finish_reason in ("length", "stop") and s.group is None and self.kv_connector.wants_kv(s.request_id):
+                n = s.num_prompt_tokens
+                k, v = extract_kv(self.kv_cache, s.block_table, n)
+                self.kv_connector.save(KVPayload(s.request_id, list(s.prompt_token_ids), list(s.output_token_ids),
+                                                 k, v, {"first_token_time": s.first_token_time}))
+
     def abort_request(self, request_id: str | int) -> None:
         """Stop a request now — every one of its samples — and give its KV blocks back. An id the
         engine does not hold (unknown, or already finished) is ignored; an id that is not a str or an
@@ -201,6 +269,12 @@ class LLMEngine:
         seq = self.requests.get(_id_key(request_id))
         if seq is None:
             return
+        for i, (waiting, _) in enumerate(self._arrived):  # (prefilled elsewhere, not admitted yet)
+            if waiting is seq:
+                del self._arrived[i]
+                seq.finish_reason, seq.finish_time = "abort", time.perf_counter()
+                self._forget(seq)
+                return
         now = time.perf_counter()
         for s in request_samples(seq):
             if s.finish_reason is None:  # (a sample that ended already leaves at the next reap, as it would)
@@ -213,7 +287,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """Whether a request still needs a step (or has a final output `step()` has yet to return).
         A pure query: it changes nothing."""
-        return bool(self._undelivered) or self.scheduler.has_unfinished()
+        return bool(self._undelivered or self._arrived) or self.scheduler.has_unfinished()
 
     # -- the iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -228,6 +302,7 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         sched = self.scheduler
         t0 = time.perf_counter()
+        arrived = self._admit_prefilled() if self._arrived else []
         events = sched.begin_step()
         sched.reap()                      # 1. reap
         budget = sched.budget()           # 2. budget
@@ -249,7 +324,9 @@ class LLMEngine:
         sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
         for s, why in broken.items():
             fail(s, f"the model's forward pass failed for it ({why})", now)
-        touched = sched.update(batch, tokens, now, failures, lps) + list(broken)  # ... then the bookkeeping
+        touched = arrived + sched.update(batch, tokens, now, failures, lps) + list(broken)  # ... then the bookkeeping
+        if self.kv_connector is not None:
+            self._ship_kv(touched)
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
@@ -368,7 +445,8 @@ class LLMEngine:
     def check_invariants(self) -> None:
         """Scheduler invariants plus: the engine holds exactly the unfinished requests."""
         self.scheduler.check_invariants()
-        check_requests(self.scheduler, self.requests.values())
+        waiting_here = {id(s) for s, _ in self._arrived}  # (prefilled elsewhere, no blocks yet: in no queue)
+        check_requests(self.scheduler, [s for s in self.requests.values() if id(s) not in waiting_here])
 
     def summary(self) -> dict:
         """Totals over every step of the engine's life so far (seconds and counts)."""
