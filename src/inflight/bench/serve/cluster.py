@@ -255,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     p.add_argument("--slo", nargs="+", default=["ttft:1000", "tpot:200"], metavar="NAME:MS")
     p.add_argument("--fault-policy", default="cache_aware", choices=POLICIES + ("none",))
-    p.add_argument("--kill-at", type=float, default=0.3)
+    p.add_argument("--kill-at", type=float, default=0.25, help="share of the turns sent when a replica is killed")
+    p.add_argument("--restart-at", type=float, default=0.4, help="share of the turns sent when it is restarted")
+    p.add_argument("--fault-sessions", type=int, default=60, help="sessions of the fault run (long enough for "
+                   "the restarted replica to load its model and take traffic again)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None)
     p.add_argument("--quick", action="store_true", help="a smoke run: round_robin and cache_aware, 6 sessions")
@@ -283,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.fault_policy != "none":
             with Fleet(args.replicas, policy=args.fault_policy, server_args=server_args,
                        router_args=["--health-check-interval-secs", "1"]) as fleet:
-                fault = fault_run(fleet, session_workload(args.sessions, **{**work, "seed": args.seed + 1}),
-                                  kill_at=args.kill_at, output_len=args.output_len)
+                fault = fault_run(fleet, session_workload(args.fault_sessions, **{**work, "seed": args.seed + 1}),
+                                  kill_at=args.kill_at, restart_at=args.restart_at, output_len=args.output_len)
                 fault["policy"] = args.fault_policy
             print("fault:", json.dumps({k: v for k, v in fault.items() if k != "health_timeline"}), flush=True)
     result = {**run_record("inflight.bench.serve.cluster", argv, watch), "settings": vars(args),
