@@ -97,3 +97,31 @@ def test_fleet_of_two_behind_vllm_router_with_a_replica_killed(tmp_path):
     finally:
         fleet.stop()
     assert all(p.poll() is not None for p in procs)
+
+
+# -- chapter 11's grader and explorer -------------------------------------------------------------
+def test_grader_passes_the_reference_and_names_every_classic_slip():
+    from inflight.exercises.fleet import MISTAKES, check_max_batch
+
+    assert check_max_batch(max_batch, quiet=True)
+    for mistake in MISTAKES:
+        r = check_max_batch(mistake.impl, quiet=True)
+        assert not r and r.mistake == mistake.name, (mistake.name, r.mistake, r.report)
+
+    def stub(*a, **k):
+        raise NotImplementedError
+
+    assert check_max_batch(stub, quiet=True).not_implemented
+
+
+def test_the_explorer_draws_the_simulation():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from inflight.book import explore_fleet
+
+    site = explore_fleet.fleet_site(replicas=(2, 8), caches=(100, 200))
+    assert site.views == 4
+    rs = explore_fleet.runs(8, 100)
+    assert [r["policy"] for r in rs] == list(ROUTING_POLICIES)
+    assert explore_fleet.LiveFleet()(8, 100)[:4] == b"\x89PNG"
