@@ -22,13 +22,20 @@ from __future__ import annotations
 
 import json
 import struct
+import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from inflight import checks
+from inflight.engine.block_manager import blocks_needed
+from inflight.engine.sequence import Sequence, SequenceStatus, append_token
 from inflight.model.kv_cache import KVCache
 
-__all__ = ["KVPayload", "KVConnector", "QueueConnector", "extract_kv", "insert_kv"]
+__all__ = ["KVPayload", "KVConnector", "QueueConnector", "extract_kv", "insert_kv", "check_payload", "admit_prefilled",
+           "ship_kv"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -138,3 +145,67 @@ class QueueConnector(KVConnector):
 
     def save(self, payload: KVPayload) -> None:
         self.sent.append(payload)
+
+
+# -- the engine's two hooks (called by LLMEngine) ---------------------------------------------------
+def check_payload(payload: Any, kv: KVCache, vocab_size: int, params: Any = None) -> None:
+    """Refuse (TypeError/ValueError) a payload this engine cannot decode from: not a `KVPayload`,
+    no first token, token ids outside the vocabulary, KV of another shape than this cache's; and
+    parameters asking for several samples or prompt log-probabilities (the prompt ran elsewhere)."""
+    if not isinstance(payload, KVPayload):
+        raise TypeError(f"payload must be a KVPayload, got {type(payload).__name__}")
+    if params is not None and (getattr(params, "n", 1) != 1 or getattr(params, "prompt_logprobs", None) is not None):
+        raise ValueError("a prefilled request has one sample (n=1) and no prompt log-probabilities")
+    if not payload.output_token_ids:
+        raise ValueError("a prefilled request carries the token(s) sampled after its prompt: none here")
+    checks.token_ids("output_token_ids", payload.output_token_ids, vocab_size)
+    if len(payload.k) != kv.num_layers or len(payload.v) != kv.num_layers or any(
+            tuple(t.shape) != (payload.num_tokens, kv.num_kv_heads, kv.head_dim) for t in (*payload.k, *payload.v)):
+        raise ValueError(f"the payload's KV ({len(payload.k)} layers of {tuple(payload.k[0].shape) if payload.k else ()}) "
+                         f"is not this model's for {payload.num_tokens} tokens")
+
+
+def admit_prefilled(sched: Any, arrived: deque, kv: KVCache, eos_token_ids: frozenset[int],
+                    max_model_len: int) -> list[Sequence]:
+    """The decode side, at the start of a step: requests prefilled elsewhere (`arrived`: (request,
+    payload) pairs, oldest first) get blocks, their KV written in, their sampled token(s) appended,
+    and join the running batch — while blocks (with one spare each for its next token, so that it
+    does not preempt at once) and batch slots allow. Returns the requests admitted."""
+    now, admitted, alloc = time.perf_counter(), [], sched.allocator
+    while arrived and len(sched.running) < sched.config.max_batch_size:
+        seq, payload = arrived[0]
+        need = blocks_needed(payload.num_tokens, alloc.block_size)
+        if not alloc.can_allocate(need + 1):
+            break
+        arrived.popleft()
+        seq.block_table = alloc.allocate(need)
+        insert_kv(kv, seq.block_table, payload.k, payload.v)
+        seq.num_computed_tokens = payload.num_tokens
+        seq.first_scheduled_time = now
+        seq.status = SequenceStatus.RUNNING
+        for t in payload.output_token_ids:
+            if seq.finish_reason is None:
+                append_token(seq, t, now, eos_token_ids, max_model_len)
+        sched.running.append(seq)
+        admitted.append(seq)
+    return admitted
+
+
+def drop_arrived(arrived: deque, seq: Sequence) -> bool:
+    """Abort a prefilled request that has no blocks yet: out of the queue, ended; False if not there."""
+    for i, (waiting, _) in enumerate(arrived):
+        if waiting is seq:
+            del arrived[i]
+            seq.finish_reason, seq.finish_time = "abort", time.perf_counter()
+            return True
+    return False
+
+
+def ship_kv(connector: KVConnector, kv: KVCache, touched: list[Sequence]) -> None:
+    """The prefill side, after a step: every request that just finished and that the connector wants
+    leaves with its prompt's KV (gathered before the reap frees its blocks) and its sampled token(s)."""
+    for s in touched:
+        if s.finish_reason in ("length", "stop") and s.group is None and connector.wants_kv(s.request_id):
+            k, v = extract_kv(kv, s.block_table, s.num_prompt_tokens)
+            connector.save(KVPayload(s.request_id, list(s.prompt_token_ids), list(s.output_token_ids), k, v,
+                                     {"first_token_time": s.first_token_time}))

@@ -24,15 +24,16 @@ from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, ch
                                          engine_device, eos_token_ids, model_attr)
 from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as _params_per_prompt
 from inflight.engine.invariants import check_batch_writes, check_requests
+from inflight.engine.kv_transfer import admit_prefilled, check_payload, drop_arrived, ship_kv
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.logprobs import StepLogprobs
 from inflight.engine.output_processor import request_heads, request_output_now, snapshot
-from inflight.engine.outputs import RequestOutput, RunTotals, StepStats
+from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, step_stats
 from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
-from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
+from inflight.engine.prefix_cache import PrefixCachingBlockAllocator, cache_stats
 from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
@@ -66,11 +67,8 @@ class LLMEngine:
     A long-running engine keeps flat memory: it forgets a request once its final output has been
     returned (by `step()` or `generate()`, as vLLM does), `stats` holds the last `stats_window`
     steps (None: all of them) and `summary()` reads running totals over the engine's whole life.
-
-    Prefill/decode disaggregation (`inflight.engine.kv_transfer`): with a `kv_connector`, a request
-    that finishes and that the connector `wants_kv` has its prompt's KV gathered and `save`d before
-    its blocks are freed (the prefill side); `add_prefilled_request` takes such a payload and decodes
-    from it (the decode side)."""
+    Disaggregation (`inflight.engine.kv_transfer`): a `kv_connector` ships the prompt KV of finished
+    requests it wants; `add_prefilled_request` decodes on from such a payload."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
@@ -203,64 +201,13 @@ class LLMEngine:
 
     def add_prefilled_request(self, payload: Any, sampling_params: SamplingParams | None = None,
                               request_id: str | int | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request whose prompt was run by another engine (`payload`: a `KVPayload`, with its
-        prompt's KV and the token(s) sampled there); returns its id. At the next step with room it gets
-        blocks, the KV is written into them, and it decodes on from there, like a request this engine
-        had prefilled itself. `sampling_params` are the whole request's (`max_tokens` counts the tokens
-        already sampled). Checked like `add_request`; one sample (n=1) only."""
-        from inflight.engine.kv_transfer import KVPayload
-
-        if not isinstance(payload, KVPayload):
-            raise TypeError(f"payload must be a KVPayload, got {type(payload).__name__}")
+        """Queue a request whose prompt another engine ran (`payload`: a `KVPayload`); it decodes on from
+        there (`inflight.engine.kv_transfer`). `max_tokens` counts the tokens already sampled; returns its id."""
+        check_payload(payload, self.kv_cache, self.config.vocab_size, sampling_params)
         seq = self._make_sequence(payload.prompt_token_ids, sampling_params, request_id, arrival_time)
-        if seq.params.n != 1 or seq.params.prompt_logprobs is not None or not payload.output_token_ids:
-            raise ValueError("a prefilled request has one sample, no prompt log-probabilities, and a first token")
-        checks.token_ids("output_token_ids", payload.output_token_ids, self.config.vocab_size)
-        kv = self.kv_cache
-        if payload.k[0].shape[0] != payload.num_tokens or len(payload.k) != kv.num_layers or \
-                tuple(payload.k[0].shape[1:]) != (kv.num_kv_heads, kv.head_dim):
-            raise ValueError(f"the payload's KV ({len(payload.k)} layers of {tuple(payload.k[0].shape)}) is not "
-                             f"this model's for {payload.num_tokens} tokens")
         self.requests[seq.request_id] = seq
         self._arrived.append((seq, payload))
         return seq.request_id
-
-    def _admit_prefilled(self) -> list[Sequence]:
-        """Requests prefilled elsewhere join the running batch, in arrival order, while blocks and batch
-        slots allow (with room for one decode block each, so that they do not preempt at once)."""
-        from inflight.engine.block_manager import blocks_needed
-        from inflight.engine.kv_transfer import insert_kv
-        from inflight.engine.sequence import SequenceStatus, append_token
-
-        sched, now, admitted = self.scheduler, time.perf_counter(), []
-        while self._arrived and len(sched.running) < sched.config.max_batch_size:
-            seq, payload = self._arrived[0]
-            need = blocks_needed(payload.num_tokens, self.block_size)
-            if not self.allocator.can_allocate(need + 1):
-                break
-            self._arrived.popleft()
-            seq.block_table = self.allocator.allocate(need)
-            insert_kv(self.kv_cache, seq.block_table, payload.k, payload.v)
-            seq.num_computed_tokens = payload.num_tokens
-            seq.first_scheduled_time = now
-            seq.status = SequenceStatus.RUNNING
-            for t in payload.output_token_ids:
-                if seq.finish_reason is None:
-                    append_token(seq, t, now, self.eos_token_ids, self.max_model_len)
-            sched.running.append(seq)
-            admitted.append(seq)
-        return admitted
-
-    def _ship_kv(self, touched: list[Sequence]) -> None:
-        """The prefill side: the finished requests the connector wants leave with their prompt's KV."""
-        from inflight.engine.kv_transfer import KVPayload, extract_kv
-
-        for s in touched:
-            if s.finish_reason in ("length", "stop") and s.group is None and self.kv_connector.wants_kv(s.request_id):
-                n = s.num_prompt_tokens
-                k, v = extract_kv(self.kv_cache, s.block_table, n)
-                self.kv_connector.save(KVPayload(s.request_id, list(s.prompt_token_ids), list(s.output_token_ids),
-                                                 k, v, {"first_token_time": s.first_token_time}))
 
     def abort_request(self, request_id: str | int) -> None:
         """Stop a request now — every one of its samples — and give its KV blocks back. An id the
@@ -269,12 +216,8 @@ class LLMEngine:
         seq = self.requests.get(_id_key(request_id))
         if seq is None:
             return
-        for i, (waiting, _) in enumerate(self._arrived):  # (prefilled elsewhere, not admitted yet)
-            if waiting is seq:
-                del self._arrived[i]
-                seq.finish_reason, seq.finish_time = "abort", time.perf_counter()
-                self._forget(seq)
-                return
+        if drop_arrived(self._arrived, seq):  # (prefilled elsewhere, not admitted yet)
+            return self._forget(seq)
         now = time.perf_counter()
         for s in request_samples(seq):
             if s.finish_reason is None:  # (a sample that ended already leaves at the next reap, as it would)
@@ -302,7 +245,7 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         sched = self.scheduler
         t0 = time.perf_counter()
-        arrived = self._admit_prefilled() if self._arrived else []
+        arrived = admit_prefilled(sched, self._arrived, self.kv_cache, self.eos_token_ids, self.max_model_len)
         events = sched.begin_step()
         sched.reap()                      # 1. reap
         budget = sched.budget()           # 2. budget
@@ -326,7 +269,7 @@ class LLMEngine:
             fail(s, f"the model's forward pass failed for it ({why})", now)
         touched = arrived + sched.update(batch, tokens, now, failures, lps) + list(broken)  # ... then the bookkeeping
         if self.kv_connector is not None:
-            self._ship_kv(touched)
+            ship_kv(self.kv_connector, self.kv_cache, touched)
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
@@ -338,17 +281,8 @@ class LLMEngine:
 
     def _record(self, batch: SchedulerOutput, events: StepEvents, outs: list[RequestOutput], t0: float, t1: float,
                 times: StepTimes) -> None:
-        sched = self.scheduler
         self._step_no += 1
-        bookkeeping = time.perf_counter() - t1 - times.prepare - times.forward
-        st = StepStats(
-            step=self._step_no, batch_size=len(batch.seqs), num_prefill_tokens=batch.num_prefill_tokens,
-            num_decode_tokens=batch.num_decode_tokens, num_running=len(sched.running), num_waiting=len(sched.waiting),
-            num_swapped=len(sched.swapped), blocks_used=self.allocator.num_used, num_preempted=len(events.preempted),
-            blocks_swapped=events.blocks_swapped_out + events.blocks_swapped_in,
-            num_finished=sum(o.finished for o in outs),
-            schedule_time=t1 - t0, prepare_time=times.prepare, forward_time=times.forward,
-            sample_time=bookkeeping, start_time=t0)
+        st = step_stats(self._step_no, batch, self.scheduler, events, sum(o.finished for o in outs), t0, t1, times)
         self.stats.append(st)
         self.totals.add(st)
 
@@ -445,8 +379,7 @@ class LLMEngine:
     def check_invariants(self) -> None:
         """Scheduler invariants plus: the engine holds exactly the unfinished requests."""
         self.scheduler.check_invariants()
-        waiting_here = {id(s) for s, _ in self._arrived}  # (prefilled elsewhere, no blocks yet: in no queue)
-        check_requests(self.scheduler, [s for s in self.requests.values() if id(s) not in waiting_here])
+        check_requests(self.scheduler, self.requests.values(), [s for s, _ in self._arrived])
 
     def summary(self) -> dict:
         """Totals over every step of the engine's life so far (seconds and counts)."""
@@ -455,13 +388,7 @@ class LLMEngine:
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache counters (zeros when caching is off): lookups, hits, tokens served, hit rate."""
-        st = getattr(self.allocator, "stats", None)
-        if st is None:
-            return {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_tokens": 0,
-                    "prefix_cache_query_tokens": 0, "prefix_cache_hit_rate": 0.0, "prefix_cache_evictions": 0}
-        return {"prefix_cache_queries": st.requests, "prefix_cache_hits": st.requests_hit,
-                "prefix_cache_hit_tokens": st.hit_tokens, "prefix_cache_query_tokens": st.query_tokens,
-                "prefix_cache_hit_rate": st.hit_rate, "prefix_cache_evictions": st.evictions}
+        return cache_stats(getattr(self.allocator, "stats", None))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block nobody holds (vLLM's `reset_prefix_cache`); a no-op when caching is off."""
