@@ -111,3 +111,33 @@ def test_abort_before_admission_and_finish_at_admission(tiny):
     assert [o.request_id for o in outs] == [b] and outs[0].finished and len(outs[0].token_ids) == 1
     decode.step()
     assert decode.allocator.num_used == 0
+
+
+def test_prefill_and_decode_processes_give_one_engines_tokens(tiny, tmp_path):
+    """`python -m inflight.serve.disagg` as processes: the prefill engine pushes each prompt's KV to
+    the decode engine over loopback TCP; the client's tokens are one engine's, the KV bytes per token
+    the model's; both processes stopped by their PIDs."""
+    from inflight.bench.serve.disagg import BOS, MixedRequest, run_arrangement, start_role
+
+    reqs = [MixedRequest("long_prompt", [BOS, *b"def add(a, b):\n    return"], 6, 0.0),
+            MixedRequest("long_output", [BOS, *b"class Stack:\n    def push(self, x):"], 12, 0.05),
+            MixedRequest("long_output", [BOS, *b"import os\n"], 1, 0.1)]  # done with its first token
+    procs = []
+    try:
+        procs.append(start_role("decode", ["--threads", "1", "--num-blocks", "64"], tmp_path))
+        procs.append(start_role("prefill", ["--threads", "1", "--num-blocks", "64", "--decode",
+                                            "%s:%d" % procs[0].addr], tmp_path))
+        seen = run_arrangement("disaggregated", {"decode": procs[0].addr, "prefill": procs[1].addr}, reqs)
+    finally:
+        for p in procs:
+            p.stop()
+    assert all(p.proc.poll() is not None for p in procs)
+    assert [s.error for s in seen] == ["", "", ""]
+    model, tok = tiny
+    want = LLMEngine(model, tokenizer=tok, num_blocks=64).generate(
+        [r.prompt_token_ids for r in reqs],
+        [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in reqs], use_tqdm=False)
+    assert [s.tokens for s in seen] == [w.token_ids for w in want]
+    cfg = model.config
+    per_token = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, torch.float32)
+    assert seen[0].kv_bytes == len(reqs[0].prompt_token_ids) * per_token
