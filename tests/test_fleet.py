@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from inflight.sim.fleet import (GPU, H100, LLAMA_70B, LLAMA_8B, ROUTING_POLICIES, SLO, Load, Model, kv_bytes_per_token,
+from inflight.sim.fleet import (GPU, H100, colocated_tpot, erlang_c, fleet_wait_quantile, LLAMA_70B, LLAMA_8B, ROUTING_POLICIES, SLO, Load, Model, kv_bytes_per_token,
                                 max_batch, plan, plan_for_tp, replica_rate, replicas_from_curve, simulate_routing,
                                 step_time)
 
@@ -50,8 +50,23 @@ def test_plan_takes_the_fewest_gpus():
     load, slo = Load(20, 1000, 200), SLO(1.0, 0.05, 0.99)
     best = plan(LLAMA_70B, H100, load, slo)
     options = [p for tp in (1, 2, 4, 8) if (p := plan_for_tp(LLAMA_70B, H100, load, slo, tp))]
-    assert best.gpus == min(p.gpus for p in options) and best.replicas * best.per_replica["rate"] >= 20
+    assert best.gpus == min(p.gpus for p in options)
+    r, n = best.per_replica, best.replicas
+
+    def meets(k):
+        return (r["t_prefill_s"] + fleet_wait_quantile(20, r["mu"], k, 0.99) <= 1.0
+                and colocated_tpot(r["t_step_s"], 20 / k, r["t_prefill_s"]) <= 0.05)
+
+    assert meets(n) and not meets(n - 1)
     assert plan(Model(1e12, 100, 8, 128), H100, load, slo) is None  # 2 TB of weights: not on 8 GPUs
+
+
+def test_erlang_c_against_known_values():
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: the probability of waiting is rho
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(10, 8.0) == pytest.approx(0.4092, abs=1e-4)  # the textbook table
+    # pooling: ten servers wait less than one server of a tenth the load
+    assert fleet_wait_quantile(8, 1, 10, 0.99) < fleet_wait_quantile(0.8, 1, 1, 0.99)
 
 
 def test_replicas_from_a_measured_curve():
@@ -125,3 +140,21 @@ def test_the_explorer_draws_the_simulation():
     rs = explore_fleet.runs(8, 100)
     assert [r["policy"] for r in rs] == list(ROUTING_POLICIES)
     assert explore_fleet.LiveFleet()(8, 100)[:4] == b"\x89PNG"
+
+
+def test_disaggregated_plan_sizes_each_pool_for_its_objective():
+    from inflight.sim.fleet import plan_disaggregated
+
+    slo = SLO(1.0, 0.05, 0.99)
+    for prompt in (1000, 8000):
+        load = Load(20, prompt, 200)
+        d = plan_disaggregated(LLAMA_70B, H100, load, slo)
+        p, dec = d["prefill"], d["decode"]
+        assert p["t_prefill_s"] + d["transfer_s"] + fleet_wait_quantile(20, p["mu"], p["instances"], 0.99) <= 1.0
+        assert dec["instances"] * dec["mu"] >= 20
+        assert d["gpus"] == p["instances"] * p["tp"] + dec["instances"] * dec["tp"]
+        assert dec["batch"] == max_batch(LLAMA_70B, H100, load, slo, dec["tp"])
+        assert d["transfer_s"] == pytest.approx(prompt * 327_680 / 50e9)
+    long = Load(20, 8000, 200)  # long prompts: colocated, the prefills stretch every decode's TPOT
+    assert plan_disaggregated(LLAMA_70B, H100, long, slo)["gpus"] < plan(LLAMA_70B, H100, long, slo).gpus
+    assert plan_disaggregated(Model(1e12, 100, 8, 128), H100, long, slo) is None

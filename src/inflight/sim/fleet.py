@@ -16,12 +16,17 @@ a GPU (memory, bandwidth, FLOP/s), a load (requests per second, prompt and outpu
 3. throughput: a request costs the replica its prefill, `2·params·prompt/(tp·flops·mfu)` seconds
    of the whole replica, and `output` decode steps shared by `B`: so a replica serves at most
    `mu = 1 / (t_prefill + output · t_step(B) / B)` requests per second;
-4. TTFT at the percentile: requests arrive at random, so they queue. As an M/M/1 queue of service
-   rate `mu` at arrival rate `lam`, the wait exceeds `w` with probability `rho·exp(-(mu - lam)·w)`
-   (`rho = lam/mu`); the replica's rate is the largest `lam` whose `p`-quantile wait plus its
-   prefill meets the TTFT SLO;
-5. replicas = ceil(load / lam), GPUs = replicas · tp; `plan` takes the `tp` (a power of two up to
-   8) with the fewest GPUs.
+4. TTFT at the percentile: requests arrive at random, so they queue. One replica alone is an M/M/1
+   queue: the wait exceeds `w` with probability `rho·exp(-(mu - lam)·w)` (`rho = lam/mu`), and
+   `replica_rate` is the largest `lam` whose `p`-quantile wait plus the prefill meets the TTFT. A
+   fleet whose router sends each request to a replica with room pools the queueing: `n` replicas
+   are an M/M/n queue, which waits with Erlang C's probability `C(n, lam/mu)` and then exceeds `w`
+   with probability `C·exp(-(n·mu - lam)·w)`;
+5. replicas = the smallest `n` whose p-quantile wait plus the prefill meets the TTFT at the whole
+   load, and whose decodes, slowed by the prefills they share each replica with (the share
+   `load/n · t_prefill` of its time), still meet the TPOT (`colocated_tpot`: the interference
+   disaggregation removes); GPUs = replicas · tp; `plan` takes the `tp` (a power of two up to 8)
+   with the fewest GPUs.
 
 Also `replicas_from_curve`: the same question answered from a *measured* curve of one replica
 (rate against its p99 TTFT and TPOT), which is what a capacity plan should start from.
@@ -44,7 +49,7 @@ from dataclasses import asdict, dataclass
 from inflight.checks import number
 
 __all__ = ["Model", "GPU", "Load", "SLO", "Plan", "kv_bytes_per_token", "max_batch", "step_time", "replica_rate",
-           "plan_for_tp", "plan", "replicas_from_curve", "simulate_routing", "ROUTING_POLICIES", "H100", "LLAMA_70B",
+           "plan_for_tp", "plan", "plan_disaggregated", "erlang_c", "fleet_wait_quantile", "servers_needed", "colocated_tpot", "replicas_from_curve", "simulate_routing", "ROUTING_POLICIES", "H100", "LLAMA_70B",
            "LLAMA_8B"]
 
 
@@ -158,19 +163,94 @@ class Plan:
         return asdict(self)
 
 
-def plan_for_tp(m: Model, g: GPU, load: Load, slo: SLO, tp: int, **kw) -> Plan | None:
-    """Replicas of `tp` GPUs for `load` (None if a replica cannot meet the SLOs at all)."""
-    r = replica_rate(m, g, load, slo, tp, **kw)
-    if r["rate"] <= 0:
+def erlang_c(n: int, a: float) -> float:
+    """The probability that an arrival waits in an M/M/n queue of offered load `a` = lam/mu (< n)."""
+    b = 1.0
+    for k in range(1, n + 1):  # Erlang B by its recursion (stable), then C from B
+        b = a * b / (k + a * b)
+    rho = a / n
+    return b / (1 - rho + rho * b)
+
+
+def fleet_wait_quantile(lam: float, mu: float, n: int, p: float) -> float:
+    """The p-quantile of the wait in an M/M/n queue: P(W > w) = C(n, lam/mu)·exp(-(n·mu - lam)·w)."""
+    if lam >= n * mu:
+        return math.inf
+    c = erlang_c(n, lam / mu)
+    return 0.0 if c <= 1 - p else math.log(c / (1 - p)) / (n * mu - lam)
+
+
+def servers_needed(lam: float, mu: float, first_s: float, budget_s: float, p: float, limit: int = 100_000) -> int | None:
+    """The fewest servers (rate `mu` each) whose p-quantile wait plus `first_s` stays within `budget_s`
+    at arrival rate `lam`; None if the service alone is over the budget."""
+    if first_s >= budget_s or mu <= 0:
         return None
-    n = math.ceil(load.rate / r["rate"] - 1e-9)
-    return Plan(tp, n, n * tp, r)
+    n = max(1, math.floor(lam / mu) + 1)  # (fewer cannot keep up at all)
+    while first_s + fleet_wait_quantile(lam, mu, n, p) > budget_s:
+        n += 1
+        if n > limit:
+            return None
+    return n
+
+
+def plan_for_tp(m: Model, g: GPU, load: Load, slo: SLO, tp: int, **kw) -> Plan | None:
+    """Replicas of `tp` GPUs for `load`, the fleet's queueing pooled (M/M/n); None if a replica cannot
+    meet the SLOs at all."""
+    r = replica_rate(m, g, load, slo, tp, **kw)
+    if r["mu"] <= 0:
+        return None
+    n = servers_needed(load.rate, r["mu"], r["t_prefill_s"], slo.ttft_s, slo.percentile)
+    if n is None:
+        return None
+    # colocated, the prompts' prefills run between the decode steps: a replica spends the share
+    # (load / n) · t_prefill of its time on them, which stretches every decode's TPOT by 1 / (1 - share)
+    while colocated_tpot(r["t_step_s"], load.rate / n, r["t_prefill_s"]) > slo.tpot_s:
+        n += 1
+    return Plan(tp, n, n * tp, {**r, "tpot_with_prefills_s": colocated_tpot(r["t_step_s"], load.rate / n,
+                                                                           r["t_prefill_s"])})
+
+
+def colocated_tpot(t_step: float, rate_per_replica: float, t_prefill: float) -> float:
+    """The time per output token of a replica that also runs the prefills of `rate_per_replica`
+    prompts a second: its decode steps share the replica with `rate · t_prefill` of prefill work."""
+    busy = rate_per_replica * t_prefill
+    return math.inf if busy >= 1 else t_step / (1 - busy)
 
 
 def plan(m: Model, g: GPU, load: Load, slo: SLO, tps=(1, 2, 4, 8), **kw) -> Plan | None:
     """The tensor-parallel size with the fewest GPUs (ties: the smaller tp), or None if none works."""
     plans = [p for tp in tps if (p := plan_for_tp(m, g, load, slo, tp, **kw)) is not None]
     return min(plans, key=lambda p: (p.gpus, p.tp)) if plans else None
+
+
+def plan_disaggregated(m: Model, g: GPU, load: Load, slo: SLO, tps=(1, 2, 4, 8), mem_util: float = 0.9,
+                       mfu: float = 0.5, link_bandwidth: float = 50e9) -> dict | None:
+    """DistServe's question: how many prefill and how many decode instances (each of its own `tp`)
+    meet both objectives with the fewest GPUs. A prefill instance only runs prompts, one at a time
+    (`t_prefill` as in `replica_rate`), and must meet the TTFT at the percentile with the KV's
+    transfer (`prompt · kv_bytes_per_token / link_bandwidth`) added; a decode instance only decodes,
+    `B = max_batch(...)` requests at once, so it serves `B / (output · t_step(B))` requests per
+    second (the wait for a decode slot is left out). None if no size works."""
+    transfer = load.prompt_len * kv_bytes_per_token(m) / link_bandwidth
+    prefill, decode = [], []
+    for tp in tps:
+        if tp * g.memory_bytes * mem_util <= m.weight_bytes + load.prompt_len * kv_bytes_per_token(m):
+            continue
+        t_p = 2 * m.params * load.prompt_len / (tp * g.flops * mfu)
+        n = servers_needed(load.rate, 1 / t_p, t_p + transfer, slo.ttft_s, slo.percentile)
+        if n is not None:
+            prefill.append({"tp": tp, "instances": n, "gpus": n * tp, "t_prefill_s": t_p, "mu": 1 / t_p})
+        b = max_batch(m, g, load, slo, tp, mem_util)
+        if b > 0:
+            t_step = step_time(m, g, b, load.prompt_len + load.output_len / 2, tp)
+            mu = b / (load.output_len * t_step)
+            n = math.ceil(load.rate / mu - 1e-9)
+            decode.append({"tp": tp, "instances": n, "gpus": n * tp, "batch": b, "t_step_s": t_step, "mu": mu})
+    if not prefill or not decode:
+        return None
+    p = min(prefill, key=lambda x: (x["gpus"], x["tp"]))
+    d = min(decode, key=lambda x: (x["gpus"], x["tp"]))
+    return {"prefill": p, "decode": d, "gpus": p["gpus"] + d["gpus"], "transfer_s": transfer}
 
 
 def replicas_from_curve(curve: list[dict], target_rate: float, slo_ms: dict[str, float], headroom: float = 1.0) -> dict:
