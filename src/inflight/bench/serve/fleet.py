@@ -113,9 +113,12 @@ class Fleet:
             stdout=self.router_log.open("w"), stderr=subprocess.STDOUT)
         self._wait_router()
 
-    def set_policy(self, policy: str) -> None:
-        """A new router with `policy` in front of the same replicas (their caches stay as they are)."""
+    def set_policy(self, policy: str, router_args: Sequence[str] | None = None) -> None:
+        """A new router with `policy` (and `router_args`, if given, instead of the fleet's) in front of
+        the same replicas (their caches stay as they are)."""
         self._stop_router()
+        if router_args is not None:
+            self.router_args = list(router_args)
         self._start_router(policy)
 
     def _wait_router(self) -> None:
