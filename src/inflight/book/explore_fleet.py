@@ -75,7 +75,7 @@ def fleet_live(replicas: Sequence[int] = LIVE_REPLICAS, caches: Sequence[int] = 
 
 def _view(grid: dict, replicas: int, cache_blocks: int) -> View:
     rs = grid[replicas, cache_blocks]
-    names = list(ROUTING_POLICIES)
+    names = [p.replace("_", "<br>", 1).replace("_", " ") for p in ROUTING_POLICIES]  # (two lines: a phone's width)
     data = [{"type": "bar", "x": names, "y": [round(r["hit_rate"], 3) for r in rs], "marker": {"color": COLORS},
              "showlegend": False, "hoverinfo": "y"},
             {"type": "bar", "x": names, "y": [round(min(r["load_spread_max_over_mean"], SPREAD_TOP), 3) for r in rs],
@@ -86,6 +86,10 @@ def _view(grid: dict, replicas: int, cache_blocks: int) -> View:
 def fleet_site(replicas: Sequence[int] = REPLICAS, caches: Sequence[int] = CACHES) -> Explorer:
     grid = {(n, c): runs(n, c) for n in replicas for c in caches}
     layout = panels(1, 2, titles=("prompt blocks served from a cache", "busiest replica / mean"), hspace=0.12)
+    # categories, said outright: the site's first drawing is an outline with numbers in x, which would
+    # leave plotly's guess at a linear axis in the layout the real drawing reuses
+    layout["xaxis"].update(type="category")
+    layout["xaxis2"].update(type="category")
     layout["yaxis"].update(range=[0, 1], tickformat=".0%")
     layout["yaxis2"].update(range=[0, SPREAD_TOP])
     layout.update(title={"font": {"size": 13}}, margin={"t": 96}, bargap=0.3)
