@@ -181,7 +181,10 @@ def policy_run(fleet: Fleet, sessions: Sequence[Session], *, output_len: int = 1
 def fault_run(fleet: Fleet, sessions: Sequence[Session], *, victim: int = 0, kill_at: float = 0.3,
               restart_at: float = 0.6, output_len: int = 16) -> dict[str, Any]:
     """The sessions through `fleet`; replica `victim` is SIGKILLed once `kill_at` of the turns have been
-    sent and restarted (same port) at `restart_at`. A watcher polls the router's `/workers` every 50 ms."""
+    answered (or have failed) and restarted on its port at `restart_at`. A watcher polls the router's
+    `/workers` every 50 ms. Times are seconds from the run's start (the watcher's and the clients'
+    clocks start within milliseconds of each other); the wait for the restarted replica to rejoin is
+    bounded (120 s)."""
     total = sum(len(s.questions) for s in sessions)
     events: dict[str, float] = {}
     health: list[tuple[float, bool]] = []
