@@ -190,10 +190,7 @@ def fault_run(fleet: Fleet, sessions: Sequence[Session], *, victim: int = 0, kil
     health: list[tuple[float, bool]] = []
     stop = threading.Event()
     t0 = time.perf_counter()
-    sent = [0]
-
-    def on_turn(_t: TurnResult) -> None:
-        sent[0] += 1
+    done: list[TurnResult] = []  # (the turns answered or failed so far)
 
     def watch() -> None:
         url = fleet.urls[victim]
@@ -204,10 +201,10 @@ def fault_run(fleet: Fleet, sessions: Sequence[Session], *, victim: int = 0, kil
                     health.append((time.perf_counter() - t0, ok))
             except Exception:  # noqa: BLE001 - the router is busy: try again
                 pass
-            if "kill" not in events and sent[0] >= kill_at * total:
+            if "kill" not in events and len(done) >= kill_at * total:
                 fleet.kill(victim)
                 events["kill"] = time.perf_counter() - t0
-            elif "kill" in events and "restart" not in events and sent[0] >= restart_at * total:
+            elif "kill" in events and "restart" not in events and len(done) >= restart_at * total:
                 events["restart_begin"] = time.perf_counter() - t0
                 threading.Thread(target=_restart, daemon=True).start()
                 events["restart"] = -1.0
@@ -220,7 +217,7 @@ def fault_run(fleet: Fleet, sessions: Sequence[Session], *, victim: int = 0, kil
     w = threading.Thread(target=watch, daemon=True)
     w.start()
     try:
-        turns, duration = _run(run_sessions(fleet.router_url, sessions, output_len=output_len, on_turn=on_turn))
+        turns, duration = _run(run_sessions(fleet.router_url, sessions, output_len=output_len, on_turn=done.append))
         deadline = time.monotonic() + 120  # let the restarted replica rejoin before the report
         while time.monotonic() < deadline and not (health and health[-1][1] and events.get("restart", -1) > 0):
             time.sleep(0.1)
