@@ -17,6 +17,7 @@
 - `outputs`       `RequestOutput` (with a `CompletionOutput` per sample), `StepStats`, the run's totals
 - `output_processor` a step's sequences into `RequestOutput`s: text, stop strings, snapshots
 - `invariants`    the debug checks that the books balance
+- `kv_transfer`   prefill/decode disaggregation: a request's KV out of one engine and into another
 
 The engine imports the model layer and nothing above it (`sim`, `bench`, `book`, `exercises`).
 """
