@@ -4,9 +4,12 @@ Google publishes what Colab's runtimes preinstall in the `googlecolab/backend-in
 (`pip-freeze.gpu.txt`: `python3 -m pip freeze` of the GPU runtime; `os-info-gpu.txt`: the OS and
 Python). .ci/colab-runtime/ holds a dated copy; everything here reads that copy, never memory:
 
-    python3 .ci/colab_runtime.py constraints OUT      a pip constraints file: every package of the
+    python3 .ci/colab_runtime.py constraints OUT [--require NAME...]
+                                                      a pip constraints file: every package of the
                                                       snapshot at its version (local labels such as
-                                                      +cu128 dropped, URL installs left out)
+                                                      +cu128 dropped; URL installs and torch's CUDA
+                                                      libraries left out); fails if a required name
+                                                      is not in the snapshot
     python3 .ci/colab_runtime.py python               Colab's Python version, "3.13"
     python3 .ci/colab_runtime.py verify BEFORE AFTER  two `pip freeze` outputs of the Colab-like
                                                       venv, before and after the package's install:
@@ -51,11 +54,11 @@ def public_version(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-def read_freeze(path: Path = FREEZE, urls: bool = False) -> dict[str, str]:
+def read_freeze(path: Path | None = None, urls: bool = False) -> dict[str, str]:
     """{normalized name: version} of every `name==version` line (comments skipped; URL installs,
     `name @ URL`, too unless `urls`, then with the URL as their version)."""
     pins = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path or FREEZE).read_text(encoding="utf-8").splitlines():
         line = line.strip()
         m = _REQ.match(line)
         if m:
@@ -65,16 +68,21 @@ def read_freeze(path: Path = FREEZE, urls: bool = False) -> dict[str, str]:
     return pins
 
 
-def colab_python(path: Path = OS_INFO) -> str:
+def colab_python(path: Path | None = None) -> str:
     """Colab's Python as major.minor, from os-info-gpu.txt's `Python 3.13.15` line."""
+    path = path or OS_INFO
     m = re.search(r"(?m)^Python (\d+)\.(\d+)\.\d+", Path(path).read_text(encoding="utf-8"))
     if not m:
         raise SystemExit(f"{path}: no 'Python X.Y.Z' line")
     return f"{m.group(1)}.{m.group(2)}"
 
 
-def write_constraints(out: Path) -> int:
+def write_constraints(out: Path, require: list[str] = ()) -> int:
     pins = read_freeze()
+    missing = [name for name in require if normalize(name) not in pins]
+    if missing:
+        raise SystemExit(f"not in Colab's published list ({FREEZE.relative_to(ROOT)}): {', '.join(missing)}; "
+                         "Colab does not preinstall them, so a notebook must get them from the package or an extra")
     lines = [f"{name}=={public_version(v)}" for name, v in sorted(pins.items()) if not CUDA_RUNTIME.match(name)]
     Path(out).write_text("# generated from .ci/colab-runtime/pip-freeze.gpu.txt\n" + "\n".join(lines) + "\n")
     return len(lines)
@@ -132,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("constraints")
     c.add_argument("out", type=Path)
+    c.add_argument("--require", nargs="*", default=[], help="names that must be in the snapshot")
     sub.add_parser("python")
     v = sub.add_parser("verify")
     v.add_argument("before", type=Path)
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--date", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "constraints":
-        print(f"{write_constraints(args.out)} pins written to {args.out}")
+        print(f"{write_constraints(args.out, args.require)} pins written to {args.out}")
         return 0
     if args.cmd == "python":
         print(colab_python())

@@ -138,6 +138,14 @@ def pytest_configure(config):
     _patch_cwd()
 
 
+def pytest_collection_modifyitems(items):
+    # nbval waits 5 s for each output message after a cell's reply, then stops the kernel: on CI's
+    # two busy cores a figure's message can take longer
+    for item in items:
+        if hasattr(item, "output_timeout"):
+            item.output_timeout = 60
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     outcome = yield
