@@ -78,6 +78,8 @@ class LLMEngine:
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
         self.debug = checks.flag("debug", debug)
+        # (checked here: the default token budget below depends on it)
+        enable_chunked_prefill = checks.flag("enable_chunked_prefill", enable_chunked_prefill)
         self.block_size = checks.integer("block_size", block_size, minimum=1)
         watermark = checks.number("watermark", watermark, minimum=0.0)
         if watermark >= 1:
