@@ -221,3 +221,16 @@ def test_profile_ops_adds_up_and_keeps_the_profiler_off_stderr(capfd):
     assert "aten::mm" in names
     assert all(t > 0 for _, t, _ in ops) and [t for _, t, _ in ops] == sorted((t for _, t, _ in ops), reverse=True)
     assert "profiler" not in capfd.readouterr().err  # the C++ profiler's start/stop lines stay off the page
+
+
+def test_transformers_cb_is_told_its_own_default_token_budget():
+    """Given our pool but no budget, transformers 5.15 (Colab's) sizes its attention mask for the
+    largest budget memory allows (22 GB here: the process is killed); the peer is told transformers'
+    own default budget instead, with our pool in pages of our block size."""
+    pytest.importorskip("transformers")
+    from inflight.bench.offline.peers import _cb_config, _cb_default_budget
+
+    cfg = _cb_config(4096, 16)
+    if cfg is None:
+        pytest.skip("this transformers' ContinuousBatchingConfig takes no page size")
+    assert cfg.num_blocks == 256 and cfg.max_batch_tokens == _cb_default_budget() >= 256

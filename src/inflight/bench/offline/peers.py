@@ -145,16 +145,30 @@ def _cb_manager(hf: Any, reqs: list[BenchRequest], kv_tokens: int | None, page_s
 def _cb_config(kv_tokens: int, page_size: int) -> Any:
     """The same KV memory as our cached modes, in pages of our paged block size. transformers
     versions spell the page size differently (`page_size`, earlier `block_size`); with neither,
-    its own default pool (None), which the run's notes then say."""
+    its own default pool (None), which the run's notes then say.
+
+    The token budget per step is transformers' own default (8192, what recent versions choose here
+    by themselves), said outright: given a pool but no budget, transformers 5.15 (Colab's) solves for
+    the largest budget memory allows and allocates a budget x (pool + budget) attention mask up
+    front, 22 GB for this pool, and the kernel kills the process."""
     from transformers import ContinuousBatchingConfig
 
     for size_name in ("page_size", "block_size"):
         try:
             return ContinuousBatchingConfig(**{size_name: page_size}, num_blocks=max(1, kv_tokens // page_size),
-                                            allow_block_sharing=False)
+                                            max_batch_tokens=_cb_default_budget(), allow_block_sharing=False)
         except TypeError:
             continue
     return None
+
+
+def _cb_default_budget() -> int:
+    """transformers' default token budget per step of continuous batching (8192 where it does not say)."""
+    try:
+        from transformers.generation.continuous_batching.cache import PagedAttentionMemoryHandler
+        return int(getattr(PagedAttentionMemoryHandler, "_default_max_batch_tokens", 8192))
+    except ImportError:
+        return 8192
 
 
 def _serve_cb(manager: Any, reqs: list[BenchRequest], arrivals: Arrivals) -> dict[str, Any]:
