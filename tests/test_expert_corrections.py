@@ -70,3 +70,25 @@ def test_every_citation_is_in_references_bib(path):
     text = path.read_text(encoding="utf-8")
     cited = {k.strip() for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", text) for k in group.split(",")}
     assert cited <= keys, f"{path.name} cites keys missing from references.bib: {sorted(cited - keys)}"
+
+
+def test_chapter_12_best_k_solution_matches_its_own_formula():
+    """Review of issue 35: the solution's figures were typed, and two were wrong (E/(1 + 0.05k) is
+    2.35 at k = 6, a tie with k = 5, not 2.34; with c = 0.5, k = 3 still gains 1.01x: the slow-down
+    starts at k = 4, not 3). Every ratio it lists must be E(0.7, k)/(1 + c k) to two decimals."""
+    text = prose("12_")
+    solution = text[text.index("ex-ch12-best-k"):]
+
+    def ratio(c, k):
+        return (1 - 0.7 ** (k + 1)) / 0.3 / (1 + c * k)
+
+    small = re.search(r"ratio \$E/\(1 \+ 0\.05k\)\$ is ([\d., ]+?) for \$k = 1\.\.(\d)\$", solution)
+    assert small, solution[:400]
+    listed = [float(x) for x in small.group(1).split(",")]
+    assert listed == [round(ratio(0.05, k), 2) for k in range(1, int(small.group(2)) + 1)]
+    large = re.search(r"With \$c = 0\.5\$ it is ([\d., ]+?)[,:; ]+…", solution)
+    assert large, solution[:600]
+    listed = [float(x) for x in large.group(1).strip(", ").split(",")]
+    assert listed == [round(ratio(0.5, k), 2) for k in range(1, len(listed) + 1)]
+    first_loss = min(k for k in range(1, 9) if ratio(0.5, k) < 1)
+    assert f"k \\geq {first_loss}$ is a slow-down" in solution
