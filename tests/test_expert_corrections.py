@@ -92,3 +92,17 @@ def test_chapter_12_best_k_solution_matches_its_own_formula():
     assert listed == [round(ratio(0.5, k), 2) for k in range(1, len(listed) + 1)]
     first_loss = min(k for k in range(1, 9) if ratio(0.5, k) < 1)
     assert f"k \\geq {first_loss}$ is a slow-down" in solution
+
+
+def test_chapter_12_says_how_acceptances_depend_from_its_own_counters():
+    """Review of issue 35: the chapter asserted that 'after an accepted guess the next is usually
+    easier' (and 'after a rejected one harder', which cannot happen inside a step: a rejection ends
+    it); its own counters disagree for the draft model (it kept its second proposal less often than
+    its first). Now it shows, per method, the measured acceptance of a proposal that follows an
+    accepted one (spec_accepted_per_pos), and leaves the direction to the numbers."""
+    text = prose("12_")
+    code = cells("12_", "code")
+    assert "after a rejected one harder" not in text and "the next is usually easier" not in text
+    for m in ("ngram", "draft"):
+        assert f"ch12_later_{m}" in text and f'glue("ch12_later_{m}"' in code
+    assert 'st["spec_accepted_per_pos"]' in code and "sum(acc[1:]) / max(sum(acc[:-1]), 1)" in code
