@@ -159,3 +159,16 @@ def test_rejecting_an_exact_proposal_is_explained():
     r = check_verify(exact_match_under_sampling, quiet=True)
     assert not r
     assert "p/q = 1" in r.report or "p = q" in r.report, r.report
+
+
+def keeps_the_rejected_proposal(p, q, draft, accept_u, draw_u):
+    """Off by one in the accepted count: the rejected proposal is emitted, then the residual's token."""
+    for i, x in enumerate(draft):
+        if not accept_u[i] < min(1.0, p[i][x] / q[i][x]):
+            return list(draft[:i + 1]) + [draw([max(0.0, a - b) for a, b in zip(p[i], q[i])], draw_u)]
+    return list(draft) + [draw(p[len(draft)], draw_u)]
+
+
+def test_keeping_the_rejected_proposal_is_named():
+    r = check_verify(keeps_the_rejected_proposal, quiet=True)
+    assert not r and r.mistake == "keeping the rejected proposal", (r.mistake, r.report)

@@ -147,6 +147,11 @@ def _mk_unclamped(p, q, d, au, du):
     return list(d) + [draw(p[len(d)], du)]
 
 
+def _mk_keeps_rejected(p, q, d, au, du):
+    out = verify(p, q, d, au, du)
+    return out[:-1] + [d[len(out) - 1]] + out[-1:] if len(out) <= len(d) else out
+
+
 def _mk_p_without_x(p, q, d, au, du):
     for i, x in enumerate(d):
         if au[i] < min(1.0, p[i][x] / q[i][x]):
@@ -180,6 +185,9 @@ VERIFY_MISTAKES = [
     Mistake("a residual with negative weights", "clamp the residual at zero, max(0, p − q): where q > p the "
             "difference is negative, and drawing from it picks tokens the target gives no extra mass.",
             _mk_unclamped),
+    Mistake("keeping the rejected proposal", "the accepted count is one too many: the rejected proposal x_i is not "
+            "emitted; the residual's token takes its place (the step emits the i accepted proposals, then one token).",
+            _mk_keeps_rejected),
     Mistake("the residual as p without the proposal", "that is the residual of a greedy draft only (q one-hot on "
             "x, so max(0, p − q) is p with x removed); when q spreads its mass, the residual is max(0, p − q) over "
             "every token: the tokens q over-proposed lose mass, not only x.", _mk_p_without_x),
