@@ -172,3 +172,8 @@ def keeps_the_rejected_proposal(p, q, draft, accept_u, draw_u):
 def test_keeping_the_rejected_proposal_is_named():
     r = check_verify(keeps_the_rejected_proposal, quiet=True)
     assert not r and r.mistake == "keeping the rejected proposal", (r.mistake, r.report)
+
+
+def test_exact_match_under_sampling_is_named():
+    r = check_verify(exact_match_under_sampling, quiet=True)
+    assert not r and r.mistake == "exact match under sampling", (r.mistake, r.report)

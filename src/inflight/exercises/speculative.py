@@ -152,6 +152,14 @@ def _mk_keeps_rejected(p, q, d, au, du):
     return out[:-1] + [d[len(out) - 1]] + out[-1:] if len(out) <= len(d) else out
 
 
+def _mk_exact_match(p, q, d, au, du):
+    for i, x in enumerate(d):
+        if max(range(len(p[i])), key=p[i].__getitem__) == x:
+            continue
+        return list(d[:i]) + [draw([max(0.0, a - b) for a, b in zip(p[i], q[i])], du)]
+    return list(d) + [draw(p[len(d)], du)]
+
+
 def _mk_p_without_x(p, q, d, au, du):
     for i, x in enumerate(d):
         if au[i] < min(1.0, p[i][x] / q[i][x]):
@@ -185,6 +193,9 @@ VERIFY_MISTAKES = [
     Mistake("a residual with negative weights", "clamp the residual at zero, max(0, p − q): where q > p the "
             "difference is negative, and drawing from it picks tokens the target gives no extra mass.",
             _mk_unclamped),
+    Mistake("exact match under sampling", "keeping a proposal only when it is the target's argmax is the GREEDY "
+            "rule; a sampling request accepts x with probability min(1, p(x)/q(x)), decided by accept_u[i] — a "
+            "proposal that is not the argmax can be accepted, and one with p = q always is.", _mk_exact_match),
     Mistake("keeping the rejected proposal", "the accepted count is one too many: the rejected proposal x_i is not "
             "emitted; the residual's token takes its place (the step emits the i accepted proposals, then one token).",
             _mk_keeps_rejected),
