@@ -106,3 +106,12 @@ def test_chapter_12_says_how_acceptances_depend_from_its_own_counters():
     for m in ("ngram", "draft"):
         assert f"ch12_later_{m}" in text and f'glue("ch12_later_{m}"' in code
     assert 'st["spec_accepted_per_pos"]' in code and "sum(acc[1:]) / max(sum(acc[:-1]), 1)" in code
+
+
+def test_chapter_12_says_what_the_lookahead_takes_from_admission():
+    """Review of issue 35: 'speculation never takes a slot from a prefill' was false — the lookahead
+    was planned before admission and could starve the queue (test_spec_decode.py's
+    test_speculation_never_delays_the_head_of_the_queue). The chapter now says what it guarantees."""
+    text = prose("12_")
+    assert "never takes a slot from a prefill" not in text
+    assert "head of the queue" in text and "num_tokens_with_spec" in text

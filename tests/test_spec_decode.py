@@ -321,3 +321,28 @@ def test_a_draft_shorter_than_the_model_is_enough_for_a_shorter_max_model_len(mo
     assert engine.spec_decode_stats()["spec_num_draft_tokens"] > 0
     with pytest.raises(ValueError, match="max_model_len"):
         LLMEngine(model, max_model_len=49, speculative_config=spec)
+
+
+@pytest.mark.parametrize("chunked, k", [(False, 6), (True, 7)])
+def test_speculation_never_delays_the_head_of_the_queue(model, draft, chunked, k):
+    """Review of issue 35: the lookahead was planned from the step's leftover tokens BEFORE admission,
+    so proposals took the tokens a waiting request needed: without chunked prefill a 10-token prompt
+    waited until running requests finished (leftover 32 - 4 x 7 = 4 tokens), and with chunking a
+    lookahead using the whole leftover (4 x 8 = 32) left admission nothing. Now the head of the queue
+    is admitted when it would be without speculation."""
+    def first_token_step(spec):
+        engine = LLMEngine(model, block_size=4, num_blocks=256, max_batched_tokens=32, max_batch_size=8,
+                           enable_chunked_prefill=chunked, debug=True, speculative_config=spec)
+        for p in _prompts(4, seed=11, lo=5, hi=5):
+            engine.add_request(p, SamplingParams(max_tokens=80, ignore_eos=True))
+        for _ in range(3):
+            engine.step()
+        engine.add_request(_prompts(1, seed=12, lo=10, hi=10)[0], SamplingParams(max_tokens=1), request_id="late")
+        for n in range(1, 200):
+            if any(o.request_id == "late" and o.token_ids for o in engine.step()):
+                return n, engine
+        raise AssertionError("the late request never got a token")
+    plain, _ = first_token_step(None)
+    spec, engine = first_token_step(_specs(draft, k)["draft"])
+    assert spec <= plain, (spec, plain)
+    assert engine.spec_decode_stats()["spec_num_draft_tokens"] > 0  # (speculation still ran)
