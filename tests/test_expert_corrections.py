@@ -70,3 +70,48 @@ def test_every_citation_is_in_references_bib(path):
     text = path.read_text(encoding="utf-8")
     cited = {k.strip() for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", text) for k in group.split(",")}
     assert cited <= keys, f"{path.name} cites keys missing from references.bib: {sorted(cited - keys)}"
+
+
+def test_chapter_12_best_k_solution_matches_its_own_formula():
+    """Review of issue 35: the solution's figures were typed, and two were wrong (E/(1 + 0.05k) is
+    2.35 at k = 6, a tie with k = 5, not 2.34; with c = 0.5, k = 3 still gains 1.01x: the slow-down
+    starts at k = 4, not 3). Every ratio it lists must be E(0.7, k)/(1 + c k) to two decimals."""
+    text = prose("12_")
+    solution = text[text.index("ex-ch12-best-k"):]
+
+    def ratio(c, k):
+        return (1 - 0.7 ** (k + 1)) / 0.3 / (1 + c * k)
+
+    small = re.search(r"ratio \$E/\(1 \+ 0\.05k\)\$ is ([\d., ]+?) for \$k = 1\.\.(\d)\$", solution)
+    assert small, solution[:400]
+    listed = [float(x) for x in small.group(1).split(",")]
+    assert listed == [round(ratio(0.05, k), 2) for k in range(1, int(small.group(2)) + 1)]
+    large = re.search(r"With \$c = 0\.5\$ it is ([\d., ]+?)[,:; ]+…", solution)
+    assert large, solution[:600]
+    listed = [float(x) for x in large.group(1).strip(", ").split(",")]
+    assert listed == [round(ratio(0.5, k), 2) for k in range(1, len(listed) + 1)]
+    first_loss = min(k for k in range(1, 9) if ratio(0.5, k) < 1)
+    assert f"k \\geq {first_loss}$ is a slow-down" in solution
+
+
+def test_chapter_12_says_how_acceptances_depend_from_its_own_counters():
+    """Review of issue 35: the chapter asserted that 'after an accepted guess the next is usually
+    easier' (and 'after a rejected one harder', which cannot happen inside a step: a rejection ends
+    it); its own counters disagree for the draft model (it kept its second proposal less often than
+    its first). Now it shows, per method, the measured acceptance of a proposal that follows an
+    accepted one (spec_accepted_per_pos), and leaves the direction to the numbers."""
+    text = prose("12_")
+    code = cells("12_", "code")
+    assert "after a rejected one harder" not in text and "the next is usually easier" not in text
+    for m in ("ngram", "draft"):
+        assert f"ch12_later_{m}" in text and f'glue("ch12_later_{m}"' in code
+    assert 'st["spec_accepted_per_pos"]' in code and "sum(acc[1:]) / max(sum(acc[:-1]), 1)" in code
+
+
+def test_chapter_12_says_what_the_lookahead_takes_from_admission():
+    """Review of issue 35: 'speculation never takes a slot from a prefill' was false — the lookahead
+    was planned before admission and could starve the queue (test_spec_decode.py's
+    test_speculation_never_delays_the_head_of_the_queue). The chapter now says what it guarantees."""
+    text = prose("12_")
+    assert "never takes a slot from a prefill" not in text
+    assert "head of the queue" in text and "num_tokens_with_spec" in text

@@ -117,3 +117,63 @@ def test_the_plain_rule_and_the_torch_sampler_agree():
         a = len(got) - 1
         want = verify(p.tolist(), qq, draft, us[:k], us[a + (a < k)] if a < k else us[k])
         assert got == want
+
+
+# Review of issue 35: plausible wrong rules the grader used to accept, and a mistake it did not name.
+
+def residual_is_p_without_x(p, q, draft, accept_u, draw_u):
+    """The greedy draft's residual (p with the proposal removed) used for every proposer."""
+    for i, x in enumerate(draft):
+        if not accept_u[i] < min(1.0, p[i][x] / q[i][x]):
+            rest = [w if j != x else 0.0 for j, w in enumerate(p[i])]
+            return list(draft[:i]) + [draw(rest, draw_u)]
+    return list(draft) + [draw(p[len(draft)], draw_u)]
+
+
+def accepts_on_equality(p, q, draft, accept_u, draw_u):
+    """u <= p/q instead of u < p/q: with u = 0 it emits a token the target gives probability 0."""
+    for i, x in enumerate(draft):
+        if not accept_u[i] <= min(1.0, p[i][x] / q[i][x]):
+            return list(draft[:i]) + [draw([max(0.0, a - b) for a, b in zip(p[i], q[i])], draw_u)]
+    return list(draft) + [draw(p[len(draft)], draw_u)]
+
+
+def exact_match_under_sampling(p, q, draft, accept_u, draw_u):
+    """Greedy's rule (keep a proposal iff it is the target's argmax) applied to a sampling request."""
+    for i, x in enumerate(draft):
+        if max(range(len(p[i])), key=p[i].__getitem__) != x:
+            return list(draft[:i]) + [draw([max(0.0, a - b) for a, b in zip(p[i], q[i])], draw_u)]
+    return list(draft) + [draw(p[len(draft)], draw_u)]
+
+
+@pytest.mark.parametrize("fn, name", [(residual_is_p_without_x, "the residual as p without the proposal"),
+                                      (accepts_on_equality, "accepting when u equals the ratio")])
+def test_wrong_rules_are_rejected_and_named(fn, name):
+    r = check_verify(fn, quiet=True)
+    assert not r and r.mistake == name, (r.mistake, r.report)
+
+
+def test_rejecting_an_exact_proposal_is_explained():
+    """A rule that rejects where p = q reaches an all-zero residual; the report must say why, not
+    only that `draw` raised."""
+    r = check_verify(exact_match_under_sampling, quiet=True)
+    assert not r
+    assert "p/q = 1" in r.report or "p = q" in r.report, r.report
+
+
+def keeps_the_rejected_proposal(p, q, draft, accept_u, draw_u):
+    """Off by one in the accepted count: the rejected proposal is emitted, then the residual's token."""
+    for i, x in enumerate(draft):
+        if not accept_u[i] < min(1.0, p[i][x] / q[i][x]):
+            return list(draft[:i + 1]) + [draw([max(0.0, a - b) for a, b in zip(p[i], q[i])], draw_u)]
+    return list(draft) + [draw(p[len(draft)], draw_u)]
+
+
+def test_keeping_the_rejected_proposal_is_named():
+    r = check_verify(keeps_the_rejected_proposal, quiet=True)
+    assert not r and r.mistake == "keeping the rejected proposal", (r.mistake, r.report)
+
+
+def test_exact_match_under_sampling_is_named():
+    r = check_verify(exact_match_under_sampling, quiet=True)
+    assert not r and r.mistake == "exact match under sampling", (r.mistake, r.report)

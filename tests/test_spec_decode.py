@@ -300,3 +300,49 @@ def test_n_samples_under_memory_pressure_with_speculation(model, draft, preempti
             assert engine.allocator.num_free == engine.num_blocks
             runs.append([[c.token_ids for c in o.outputs] for o in outs])
     assert runs[:2] == runs[2:]
+
+
+def test_a_draft_shorter_than_the_model_is_enough_for_a_shorter_max_model_len(model):
+    """Review of issue 35: a draft whose context covers the engine's max_model_len (all it is ever
+    asked about) was refused because it is shorter than the target's max_position_embeddings; one
+    that does not cover max_model_len is still refused, naming it."""
+    cfg = model.config
+    torch.manual_seed(5)
+    short = LlamaModel(LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=48,
+                                   eos_token_id=cfg.eos_token_id)).eval()
+    spec = {"method": "draft_model", "model": short, "num_speculative_tokens": 3}
+    prompts = _prompts(4, seed=3, hi=12, repeat=True)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    ref = [o.token_ids for o in LLMEngine(model, max_model_len=48, block_size=4, debug=True).generate(
+        prompts, params, use_tqdm=False)]
+    engine = LLMEngine(model, max_model_len=48, block_size=4, debug=True, speculative_config=spec)
+    assert [o.token_ids for o in engine.generate(prompts, params, use_tqdm=False)] == ref
+    assert engine.spec_decode_stats()["spec_num_draft_tokens"] > 0
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLMEngine(model, max_model_len=49, speculative_config=spec)
+
+
+@pytest.mark.parametrize("chunked, k", [(False, 6), (True, 7)])
+def test_speculation_never_delays_the_head_of_the_queue(model, draft, chunked, k):
+    """Review of issue 35: the lookahead was planned from the step's leftover tokens BEFORE admission,
+    so proposals took the tokens a waiting request needed: without chunked prefill a 10-token prompt
+    waited until running requests finished (leftover 32 - 4 x 7 = 4 tokens), and with chunking a
+    lookahead using the whole leftover (4 x 8 = 32) left admission nothing. Now the head of the queue
+    is admitted when it would be without speculation."""
+    def first_token_step(spec):
+        engine = LLMEngine(model, block_size=4, num_blocks=256, max_batched_tokens=32, max_batch_size=8,
+                           enable_chunked_prefill=chunked, debug=True, speculative_config=spec)
+        for p in _prompts(4, seed=11, lo=5, hi=5):
+            engine.add_request(p, SamplingParams(max_tokens=80, ignore_eos=True))
+        for _ in range(3):
+            engine.step()
+        engine.add_request(_prompts(1, seed=12, lo=10, hi=10)[0], SamplingParams(max_tokens=1), request_id="late")
+        for n in range(1, 200):
+            if any(o.request_id == "late" and o.token_ids for o in engine.step()):
+                return n, engine
+        raise AssertionError("the late request never got a token")
+    plain, _ = first_token_step(None)
+    spec, engine = first_token_step(_specs(draft, k)["draft"])
+    assert spec <= plain, (spec, plain)
+    assert engine.spec_decode_stats()["spec_num_draft_tokens"] > 0  # (speculation still ran)

@@ -40,7 +40,7 @@ from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
 from inflight.engine.scheduler_types import NoCopy, SchedulerConfig, SchedulerOutput, StepEvents, Swapper
 from inflight.engine.sequence import Sequence, SequenceStatus, append_token, fail
-from inflight.engine.spec_decode.lookahead import keep_computed_blocks, plan_lookahead, take_verified
+from inflight.engine.spec_decode.lookahead import head_of_queue_cost, keep_computed_blocks, plan_lookahead, take_verified
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
 
@@ -138,7 +138,7 @@ class Scheduler:
                 q = max(min(remaining, tokens) if cfg.enable_chunked_prefill else remaining, 0)
                 s.num_scheduled_tokens = q
                 tokens -= q
-        plan_lookahead(self.running, alloc := self.allocator, cfg.watermark_blocks, tokens)  # (speculation: leftovers)
+        plan_lookahead(self.running, alloc := self.allocator, cfg.watermark_blocks, tokens, head_of_queue_cost(self, tokens))
         # a shared block a sample writes into first is not one it can write: its copy is a new block
         plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table)
                                     - (s.group is not None and s.num_scheduled_tokens > 0

@@ -50,7 +50,15 @@ def _cases() -> list[Case]:
     specs += [("the chapter's example: both accepted", (fixed_p, fixed_q, [0, 1], [0.5, 0.9], 0.6), set()),
               ("the chapter's example: the first rejected", (fixed_p, fixed_q, [1, 2], [0.6, 0.1], 0.3), {"rejected"}),
               ("no proposals: one token from p[0]", ([fixed_p[0]], [], [], [], 0.7), {"k = 0"}),
-              ("p(x) above q(x): always accepted", ([[0.9, 0.1], [0.3, 0.7]], [[0.5, 0.5]], [0], [0.99], 0.5), set())]
+              ("p(x) above q(x): always accepted", ([[0.9, 0.1], [0.3, 0.7]], [[0.5, 0.5]], [0], [0.99], 0.5), set()),
+              # the residual max(0, p - q) is not p without x once q spreads its mass: 0.75/0.25 against 0.5/0.5
+              ("a spread-out q rejected: the residual is not p without x",
+               ([[0.4, 0.4, 0.2], [0.2, 0.3, 0.5]], [[0.1, 0.3, 0.6]], [2], [0.5], 0.6), {"rejected"}),
+              # u = 0 is a possible uniform; p(x) = 0 must never be emitted, so "below" is strict
+              ("p(x) = 0 and u = 0: rejected (accept only when u is below the ratio)",
+               ([[0.0, 0.6, 0.4], [0.3, 0.3, 0.4]], [[0.5, 0.25, 0.25]], [0], [0.0], 0.2), {"rejected"}),
+              ("a greedy draft the target never writes, u = 0: rejected",
+               ([[0.7, 0.0, 0.3], [0.2, 0.2, 0.6]], [[0.0, 1.0, 0.0]], [1], [0.0], 0.9), {"rejected"})]
     for n in range(36):
         kind = ("sampled draft", "greedy draft", "perfect draft")[n % 3]
         v, k = rng.randint(2, 8), rng.randint(1, 5)
@@ -139,6 +147,27 @@ def _mk_unclamped(p, q, d, au, du):
     return list(d) + [draw(p[len(d)], du)]
 
 
+def _mk_keeps_rejected(p, q, d, au, du):
+    out = verify(p, q, d, au, du)
+    return out[:-1] + [d[len(out) - 1]] + out[-1:] if len(out) <= len(d) else out
+
+
+def _mk_exact_match(p, q, d, au, du):
+    for i, x in enumerate(d):
+        if max(range(len(p[i])), key=p[i].__getitem__) == x:
+            continue
+        return list(d[:i]) + [draw([max(0.0, a - b) for a, b in zip(p[i], q[i])], du)]
+    return list(d) + [draw(p[len(d)], du)]
+
+
+def _mk_p_without_x(p, q, d, au, du):
+    for i, x in enumerate(d):
+        if au[i] < min(1.0, p[i][x] / q[i][x]):
+            continue
+        return list(d[:i]) + [draw([w if j != x else 0.0 for j, w in enumerate(p[i])], du)]
+    return list(d) + [draw(p[len(d)], du)]
+
+
 VERIFY_MISTAKES = [
     Mistake("resampling from p instead of the residual", "after a rejection, the replacement comes from "
             "max(0, p − q), renormalised: drawing from p again counts the mass where the draft already agreed twice "
@@ -164,6 +193,18 @@ VERIFY_MISTAKES = [
     Mistake("a residual with negative weights", "clamp the residual at zero, max(0, p − q): where q > p the "
             "difference is negative, and drawing from it picks tokens the target gives no extra mass.",
             _mk_unclamped),
+    Mistake("exact match under sampling", "keeping a proposal only when it is the target's argmax is the GREEDY "
+            "rule; a sampling request accepts x with probability min(1, p(x)/q(x)), decided by accept_u[i] — a "
+            "proposal that is not the argmax can be accepted, and one with p = q always is.", _mk_exact_match),
+    Mistake("keeping the rejected proposal", "the accepted count is one too many: the rejected proposal x_i is not "
+            "emitted; the residual's token takes its place (the step emits the i accepted proposals, then one token).",
+            _mk_keeps_rejected),
+    Mistake("the residual as p without the proposal", "that is the residual of a greedy draft only (q one-hot on "
+            "x, so max(0, p − q) is p with x removed); when q spreads its mass, the residual is max(0, p − q) over "
+            "every token: the tokens q over-proposed lose mass, not only x.", _mk_p_without_x),
+    Mistake("accepting when u equals the ratio", "accept only when u < min(1, p/q), strictly: u = 0 is a possible "
+            "uniform, and with p(x) = 0 'u ≤ p/q' emits a token the target gives probability zero.",
+            _mk_rule(lambda px, qx, u: u <= min(1.0, px / qx))),
 ]
 
 

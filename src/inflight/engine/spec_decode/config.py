@@ -81,8 +81,9 @@ def _load_draft(model: Any, device: Any, dtype: Any):
 
 
 def make_proposer(cfg: SpeculativeConfig, target_config: Any, *, device: Any, dtype: Any, num_blocks: int,
-                  block_size: int, max_batch_size: int):
-    """The proposer `cfg` names, checked against the target model (a draft's vocabulary must be the target's)."""
+                  block_size: int, max_batch_size: int, max_model_len: int | None = None):
+    """The proposer `cfg` names, checked against the target model (a draft's vocabulary must be the
+    target's) and the engine's `max_model_len` (None: the target's context), all a draft is asked about."""
     from inflight.engine.spec_decode.ngram_proposer import NgramProposer
 
     if cfg.method == "ngram":
@@ -97,8 +98,9 @@ def make_proposer(cfg: SpeculativeConfig, target_config: Any, *, device: Any, dt
     if set(getattr(dc, "eos_token_ids", None) or []) != set(getattr(target_config, "eos_token_ids", None) or []):
         raise ValueError("speculative_config: the draft model's end-of-text token differs from the target's: "
                          "a draft must share the target's tokenizer")
-    if dc.max_position_embeddings < target_config.max_position_embeddings:
+    needed = target_config.max_position_embeddings if max_model_len is None else max_model_len
+    if dc.max_position_embeddings < needed:
         raise ValueError(f"speculative_config: the draft model's context ({dc.max_position_embeddings}) is shorter "
-                         f"than the target's ({target_config.max_position_embeddings})")
+                         f"than the engine's max_model_len ({needed}): lower max_model_len or use a longer draft")
     return DraftModelProposer(draft, cfg.num_speculative_tokens, num_blocks=num_blocks, block_size=block_size,
                               max_batch_size=max_batch_size, device=device)

@@ -1,9 +1,10 @@
 """The scheduler's side of speculative decoding: lookahead slots before the pass, verified tokens after it.
 
-`plan_lookahead` (called by `Scheduler.budget` once every running request's own tokens are planned)
-gives each decoding request's proposals token slots and KV blocks from what the step has left —
-vLLM's `num_lookahead_tokens` — so speculation never takes a token or a block from anyone and never
-causes a preemption. `append_verified` (called by `Scheduler.update`) appends what the rejection
+`plan_lookahead` (called by `Scheduler.budget` once every running request's own tokens are planned,
+and after holding back what the head of the queue needs to be admitted) gives each decoding
+request's proposals token slots and KV blocks from what the step has left — vLLM's
+`num_lookahead_tokens` — so speculation never takes a token or a block from a running request,
+never delays the head of the queue, and never causes a preemption. `append_verified` (called by `Scheduler.update`) appends what the rejection
 sampler kept, advances the computed count past the accepted proposals only, and gives back the
 blocks of the rejected ones.
 """
@@ -13,16 +14,19 @@ from typing import Any, Callable
 
 from inflight.engine.block_manager import blocks_needed
 from inflight.engine.logprobs import record_sampled
-from inflight.engine.parallel_sampling import write_cost
+from inflight.engine.parallel_sampling import draws, write_cost
 from inflight.engine.prefix_cache import cache_full_blocks
 from inflight.engine.sequence import Sequence, append_token
 
-__all__ = ["plan_lookahead", "take_verified", "append_verified", "keep_computed_blocks"]
+__all__ = ["plan_lookahead", "head_of_queue_cost", "take_verified", "append_verified", "keep_computed_blocks"]
 
 
-def plan_lookahead(running: list[Sequence], allocator: Any, watermark_blocks: int, tokens: int) -> None:
+def plan_lookahead(running: list[Sequence], allocator: Any, watermark_blocks: int, tokens: int,
+                   held: tuple[int, int] = (0, 0)) -> None:
     """Trim each decoding request's `spec_token_ids` to the leftover `tokens` and free blocks (above
-    the watermark, after every planned token's blocks), in running order, and schedule them."""
+    the watermark, after every planned token's blocks and the `held` (tokens, blocks) of the head of
+    the queue: `head_of_queue_cost`), in running order, and schedule them."""
+    tokens, watermark_blocks = tokens - held[0], watermark_blocks + held[1]
     spec = [s for s in running if s.spec_token_ids]
     if not spec:
         return
@@ -42,6 +46,26 @@ def plan_lookahead(running: list[Sequence], allocator: Any, watermark_blocks: in
         tokens -= k
         s.spec_token_ids = s.spec_token_ids[:k]
         s.num_scheduled_tokens = 1 + k
+
+
+def head_of_queue_cost(sched: Any, tokens: int) -> tuple[int, int]:
+    """(tokens, blocks) that admitting the head of `sched`'s queue (the first swapped request, else the
+    first waiting one) would take from the `tokens` left after the running requests' own tokens, for
+    `plan_lookahead` to hold back: proposals, planned before admission, never delay a request this
+    step could admit without them. (0, 0) when nothing proposes or waits, or the head cannot be
+    admitted anyway (no slot, or more blocks than are free)."""
+    from inflight.engine.budget import Budget
+
+    running, cfg, alloc = sched.running, sched.config, sched.allocator
+    if tokens <= 0 or not any(s.spec_token_ids for s in running):
+        return 0, 0
+    head = sched.swapped[0] if sched.swapped else sched.waiting[0] if sched.waiting else None
+    if head is None or len(running) + draws(head) > cfg.max_batch_size:
+        return 0, 0
+    free = alloc.num_free - cfg.watermark_blocks - sum(max(0, write_cost(alloc, s)) for s in running
+                                                       if s.num_scheduled_tokens)
+    q, need = sched.admission_cost(head, Budget(free, tokens, cfg.max_batch_size - len(running)))
+    return (q, max(need, 0)) if q > 0 and need <= free else (0, 0)
 
 
 def take_verified(sched: Any, s: Sequence, spec: list[int], got: Any, now: float, rows: list | None,

@@ -24,7 +24,8 @@ def draw(weights: Sequence[float], u: float) -> int:
             if acc > target:
                 return i
     if last is None:
-        raise ValueError("draw: every weight is zero")
+        raise ValueError("draw: every weight is zero (a residual max(0, p - q) is all zero only where p = q: "
+                         "there p/q = 1 >= every u, so that proposal should have been accepted)")
     return last  # (u * total rounded up to the total itself)
 
 

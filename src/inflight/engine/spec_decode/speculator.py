@@ -49,7 +49,8 @@ class Speculator:
         if cfg is None:
             return NoSpeculation()
         proposer = make_proposer(cfg, engine.config, device=engine.device, dtype=engine.dtype, num_blocks=num_blocks,
-                                 block_size=engine.block_size, max_batch_size=max_batch_size)
+                                 block_size=engine.block_size, max_batch_size=max_batch_size,
+                                 max_model_len=engine.max_model_len)
         return cls(cfg, proposer, engine.max_model_len, engine.eos_token_ids)
 
     def propose(self, running: list[Sequence]) -> None:
