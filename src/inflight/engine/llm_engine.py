@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Sequence as Seq
 
 import torch
@@ -26,6 +27,7 @@ from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as 
 from inflight.engine.invariants import check_batch_writes, check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
+from inflight.engine.executor import DEFAULT_TIMEOUT_S, MultiprocExecutor, ParallelModelRunner
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
 from inflight.engine.logprobs import StepLogprobs
@@ -91,7 +93,10 @@ class LLMEngine:
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
         if max_batched_tokens is None:
             max_batched_tokens = max(512 if enable_chunked_prefill else self.max_model_len, max_batch_size)
-        if num_blocks is None:
+        self.executor = model if isinstance(model, MultiprocExecutor) else None  # tensor parallelism
+        if num_blocks is None and self.executor is not None:  # (each device's own pool: its heads only)
+            num_blocks = self.executor.determine_num_blocks(self.block_size, max_batch_size, self.max_model_len)
+        elif num_blocks is None:
             num_blocks = default_num_blocks(self.config, self.dtype, self.device, self.block_size, max_batch_size,
                                             self.max_model_len)
         num_blocks = checks.integer("num_blocks", num_blocks, minimum=1)
@@ -107,19 +112,25 @@ class LLMEngine:
         self.stats: deque[StepStats] = deque(maxlen=check_stats_window(stats_window))  # the last steps, one record each
         # on CUDA, decode steps replay CUDA graphs (`enforce_eager=True`: never); their padding rows
         # write to one extra block past the allocator's pool
-        use_graphs = wants_cuda_graphs(self.device, checks.flag("enforce_eager", enforce_eager))
-        self.kv_cache = allocate_kv_cache(self.config, num_blocks + use_graphs, self.block_size, self.dtype,
-                                          self.device)
+        use_graphs = wants_cuda_graphs(self.device, checks.flag("enforce_eager", enforce_eager)) and self.executor is None
+        if self.executor is not None:
+            self.kv_cache = self.executor.init_cache(num_blocks, self.block_size)
+        else:
+            self.kv_cache = allocate_kv_cache(self.config, num_blocks + use_graphs, self.block_size, self.dtype,
+                                              self.device)
         pool = PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator
         self.allocator = pool(num_blocks, self.block_size)
         cpu_pool, self.swapper = None, None
         if preemption == "swap":
             n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
-            cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), allocate_swapper(self.kv_cache, n_cpu)
+            cpu_pool = BlockAllocator(n_cpu, self.block_size)
+            self.swapper = (self.executor.init_swap(n_cpu, self.kv_cache) if self.executor is not None
+                            else allocate_swapper(self.kv_cache, n_cpu))
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper, self.kv_cache.copy_blocks)
         graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
-        self.runner = ModelRunner(model, self.kv_cache, sampler, graphs)
+        self.runner = (ParallelModelRunner(self.executor, self.kv_cache, sampler) if self.executor is not None
+                       else ModelRunner(model, self.kv_cache, sampler, graphs))
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
@@ -130,6 +141,47 @@ class LLMEngine:
     @property
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return 1 if self.executor is None else self.executor.tensor_parallel_size
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, tensor_parallel_size: int = 1, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None, distributed_timeout: float = DEFAULT_TIMEOUT_S,
+                        **engine_args: Any) -> "LLMEngine":
+        """An engine over the checkpoint at `path` (a folder or hub id), with its tokenizer (when it
+        has one; `tokenizer=` overrides). `tensor_parallel_size=N > 1` splits the model over N
+        worker processes (`inflight.engine.executor`; gloo on CPU, NCCL on CUDA, one GPU each):
+        each loads only its shard and holds the KV cache of its heads; `distributed_timeout` bounds
+        how long a step may take before a silent worker ends the engine. Call `shutdown()` when done
+        (garbage collection and interpreter exit do it too)."""
+        from inflight.model.loading import load_pretrained, load_tokenizer
+        from inflight.model.sharding import check_config_tp
+        from inflight.model.loading import _resolve, load_config
+
+        folder = _resolve(path)
+        check_config_tp(load_config(folder), tensor_parallel_size)
+        if "tokenizer" not in engine_args:
+            try:
+                engine_args["tokenizer"] = load_tokenizer(folder)
+            except FileNotFoundError:
+                engine_args["tokenizer"] = None
+        if tensor_parallel_size == 1:
+            return cls(load_pretrained(folder, device=device, dtype=dtype), **engine_args)
+        executor = MultiprocExecutor(folder, tensor_parallel_size, device=device, dtype=dtype,
+                                     timeout=distributed_timeout)
+        try:
+            return cls(executor, **engine_args)
+        except BaseException:
+            executor.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; a single-device engine has none).
+        The engine cannot step afterwards."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     # -- submission ------------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,

@@ -27,7 +27,7 @@ from inflight.model.sampler import Sampler
 from inflight.engine.thread_governor import ThreadGovernor
 from inflight.threads import adaptive_threads_wanted
 
-__all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
+__all__ = ["ModelRunner", "StepInputs", "StepPlan", "plan_step", "step_tensors", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
            "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]
 
 #: On CPU, without `num_blocks`: enough blocks for `max_batch_size` requests of this many tokens each.
@@ -60,6 +60,51 @@ class StepTimes:
     sample: float = 0.0
 
 
+@dataclass
+class StepPlan:
+    """One step's batch as plain lists — what a tensor-parallel driver sends to every worker
+    (`inflight.engine.executor`), each of which builds the same tensors from it (`step_tensors`)."""
+
+    input_ids: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
+
+
+def plan_step(batch: SchedulerOutput) -> tuple[StepPlan, list[Sequence], list[tuple[Sequence, int, int]]]:
+    """The batch flattened (see `ModelRunner.prepare`), the requests sampled, and the prompt rows
+    wanted for log-probabilities."""
+    input_ids: list[int] = []
+    query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
+    prompt_idx, prompt_requests = [], []
+    for s in batch.seqs:
+        q, done = s.num_scheduled_tokens, s.num_computed_tokens
+        start = len(input_ids)
+        input_ids.extend(s.token_ids[done:done + q])
+        query_lens.append(q)
+        context_lens.append(done + q)
+        tables.append(s.block_table)
+        if done + q == s.num_tokens:  # prompt complete (or a decode): its last row gives the next token
+            logits_idx.append(len(input_ids) - 1)
+            sampling.append(s)
+        if s.prompt_logprobs is not None:  # (asked for them: the rows of its prompt tokens too)
+            first, count = prompt_rows(s)
+            if count:
+                prompt_idx.extend(range(start + first, start + first + count))
+                prompt_requests.append((s, done + first, count))
+    return StepPlan(input_ids, query_lens, context_lens, tables, logits_idx + prompt_idx), sampling, prompt_requests
+
+
+def step_tensors(plan: StepPlan, block_size: int, device: torch.device
+                 ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """The step's token ids, attention metadata (positions included) and logits rows, on `device`."""
+    meta = AttentionMetadata.build(plan.query_lens, plan.context_lens, plan.block_tables, block_size, device)
+    ids = torch.tensor(plan.input_ids, dtype=torch.long).to(device, non_blocking=True)
+    idx = torch.tensor(plan.logits_indices, dtype=torch.long).to(device, non_blocking=True)
+    return ids, meta, idx
+
+
 class ModelRunner:
     """Runs scheduled batches through `model` over `kv_cache` and samples the next tokens."""
 
@@ -76,27 +121,8 @@ class ModelRunner:
     def prepare(self, batch: SchedulerOutput) -> StepInputs:
         """Flatten the ragged batch: each request contributes its tokens from `num_computed_tokens`
         on (a prefill chunk, or the one new token of a decode), and is sampled if that reaches its end."""
-        input_ids: list[int] = []
-        query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
-        prompt_idx, prompt_requests = [], []
-        for s in batch.seqs:
-            q, done = s.num_scheduled_tokens, s.num_computed_tokens
-            start = len(input_ids)
-            input_ids.extend(s.token_ids[done:done + q])
-            query_lens.append(q)
-            context_lens.append(done + q)
-            tables.append(s.block_table)
-            if done + q == s.num_tokens:  # prompt complete (or a decode): its last row gives the next token
-                logits_idx.append(len(input_ids) - 1)
-                sampling.append(s)
-            if s.prompt_logprobs is not None:  # (asked for them: the rows of its prompt tokens too)
-                first, count = prompt_rows(s)
-                if count:
-                    prompt_idx.extend(range(start + first, start + first + count))
-                    prompt_requests.append((s, done + first, count))
-        meta = AttentionMetadata.build(query_lens, context_lens, tables, self.kv_cache.block_size, self.device)
-        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        idx = torch.tensor(logits_idx + prompt_idx, dtype=torch.long).to(self.device, non_blocking=True)
+        plan, sampling, prompt_requests = plan_step(batch)
+        ids, meta, idx = step_tensors(plan, self.kv_cache.block_size, self.device)
         return StepInputs(ids, meta.positions, meta, idx, sampling, prompt_requests)
 
     @torch.inference_mode()
