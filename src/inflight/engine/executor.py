@@ -17,7 +17,7 @@ vLLM samples in the worker and sends token ids back, which saves moving `rows ×
 per step; at this book's scale the simplicity wins, and the chapter says what it costs.
 
 The driver never takes part in a collective, so it can always tell what went wrong: it waits for
-every reply with a deadline (`timeout`, also the workers' collective timeout), and watches each
+every reply with a deadline (`timeout`; the workers' collective timeout is twice that), and watches each
 worker's process handle meanwhile. A worker that dies or raises ends the engine at once with its
 error; one that hangs ends it when the deadline passes; either way the others are stopped and every
 later call raises the same `WorkerError`. `shutdown()` — called by `LLMEngine.shutdown()`, by
@@ -44,6 +44,9 @@ __all__ = ["MultiprocExecutor", "ParallelModelRunner", "ParallelKVCache", "Paral
 
 #: Seconds the driver waits for a step's replies (and the workers' collective timeout).
 DEFAULT_TIMEOUT_S = 60.0
+#: The workers' collective timeout, as a multiple of the driver's: longer, so that when one rank
+#: hangs, the driver (which knows who is silent) says so before the others' all-reduces give up.
+COLLECTIVE_TIMEOUT_FACTOR = 2.0
 #: Seconds the driver waits for the workers to start and load their shards.
 STARTUP_TIMEOUT_S = 300.0
 #: Memory one CPU worker needs beyond its weights (a Python process with torch imported), for the
@@ -167,7 +170,7 @@ class MultiprocExecutor:
                 parent, child = ctx.Pipe()
                 cfg = {"path": str(folder), "rank": rank, "world_size": n, "device_type": self.device.type,
                        "dtype": str(self.dtype).removeprefix("torch."), "store_port": self._store.port,
-                       "timeout": self.timeout, "threads": threads, **(_worker_options or {}).get(rank, {})}
+                       "timeout": self.timeout * COLLECTIVE_TIMEOUT_FACTOR, "threads": threads, **(_worker_options or {}).get(rank, {})}
                 p = ctx.Process(target=worker_main, args=(cfg, child), name=f"inflight-tp-worker-{rank}", daemon=True)
                 p.start()
                 child.close()
@@ -211,7 +214,9 @@ class MultiprocExecutor:
                         self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) died "
                                    f"(exit code {proc.exitcode})")
                     if msg[0] == "error":
-                        self._fail(f"tensor-parallel worker rank {msg[1]} failed:\n{msg[2].rstrip()}")
+                        silent = [r for r in waiting if r != rank and not self._conns[r].poll(0)]
+                        also = f" (rank(s) {silent} had not answered: hung or dead?)" if silent else ""
+                        self._fail(f"tensor-parallel worker rank {msg[1]} failed{also}:\n{msg[2].rstrip()}")
                     if step_id is not None and msg[0] == "out" and msg[1] != step_id:
                         continue  # the answer to a step the driver stopped waiting for (Ctrl-C)
                     if msg[0] != kind:

@@ -104,7 +104,7 @@ def load_shard(path: str | Path, tp: TPGroup, device: str | torch.device | None 
     """Rank `tp.rank`'s shard of the checkpoint at `path`, as a `LlamaModel` of its local config,
     all-reducing through `tp` (eval mode, no grad). dtype/device as `load_pretrained`."""
     from inflight.device import pick_device
-    from inflight.model.loading import _default_dtype, _resolve, load_config
+    from inflight.model.loading import META_INIT_MIN_PARAMS, _default_dtype, _resolve, load_config
 
     folder = _resolve(path)
     full = load_config(folder)
@@ -113,9 +113,13 @@ def load_shard(path: str | Path, tp: TPGroup, device: str | torch.device | None 
     raw = json.loads((folder / "config.json").read_text())
     dtype = dtype or _default_dtype(dev, raw.get("torch_dtype") or raw.get("dtype"))
     tensors = _read_slices(folder, full, tp.rank, tp.size)
-    with torch.device("meta"):
-        model = LlamaModel(config, tp=tp)
-    model = model.to_empty(device=dev).to(dtype)
+    if sum(t.numel() for t in tensors.values()) > META_INIT_MIN_PARAMS:  # (as load_pretrained: no random init)
+        with torch.device("meta"):
+            model = LlamaModel(config, tp=tp)
+        model = model.to_empty(device=dev)
+    else:
+        model = LlamaModel(config, tp=tp).to(dev)
+    model = model.to(dtype)
     model.tie_weights()
     model.load_hf_state_dict(tensors)
     model.eval().requires_grad_(False)
