@@ -26,9 +26,9 @@ terminates and finally kills any that did not, and joins them all: no process is
 """
 from __future__ import annotations
 
-import os
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -40,7 +40,7 @@ import torch
 from inflight.engine.model_runner import ModelRunner, StepTimes as RunnerTimes, plan_step
 from inflight.engine.scheduler_types import SchedulerOutput
 
-__all__ = ["MultiprocExecutor", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper", "WorkerError", "DEFAULT_TIMEOUT_S"]
+__all__ = ["MultiprocExecutor", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper", "WorkerError", "DEFAULT_TIMEOUT_S"]
 
 #: Seconds the driver waits for a step's replies (and the workers' collective timeout).
 DEFAULT_TIMEOUT_S = 60.0
@@ -330,13 +330,14 @@ class ParallelModelRunner(ModelRunner):
         self.executor, self.kv_cache, self.sampler = executor, kv_cache, sampler
         self.model, self.graphs, self.threads = executor, None, None
         self.device = torch.device("cpu")  # where the logits arrive
-        self.last_times: WorkerStepTimes | None = None  # the workers' view of the last step
+        self.history: deque[WorkerStepTimes] = deque(maxlen=10_000)  # the workers' view of the last steps
 
     def run(self, batch: SchedulerOutput):
         t0 = time.perf_counter()
         plan, seqs, prompt_requests = plan_step(batch)
         t1 = time.perf_counter()
-        logits, self.last_times = self.executor.execute(plan)
+        logits, times = self.executor.execute(plan)
+        self.history.append(times)
         t2 = time.perf_counter()
         tokens, failures, lps = self._sample(logits, seqs, prompt_requests)
         return tokens, failures, RunnerTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2), lps
@@ -344,3 +345,28 @@ class ParallelModelRunner(ModelRunner):
     def run_isolating(self, batch: SchedulerOutput):
         """No isolating: a failure on a worker ends the engine (`WorkerError`)."""
         return (batch, *self.run(batch), {})
+
+
+def engine_from_pretrained(cls: type, path: Any, tensor_parallel_size: int, device: Any, dtype: Any,
+                           timeout: float, engine_args: dict) -> Any:
+    """`LLMEngine.from_pretrained` (see there): the checkpoint and the TP size checked first, the
+    tokenizer found, then one process, or a `MultiprocExecutor` (stopped again if the engine refuses
+    its arguments)."""
+    from inflight.model.loading import _resolve, load_config, load_pretrained, load_tokenizer
+    from inflight.model.sharding import check_config_tp
+
+    folder = _resolve(path)
+    check_config_tp(load_config(folder), tensor_parallel_size)
+    if "tokenizer" not in engine_args:
+        try:
+            engine_args["tokenizer"] = load_tokenizer(folder)
+        except FileNotFoundError:
+            engine_args["tokenizer"] = None
+    if tensor_parallel_size == 1:
+        return cls(load_pretrained(folder, device=device, dtype=dtype), **engine_args)
+    executor = MultiprocExecutor(folder, tensor_parallel_size, device=device, dtype=dtype, timeout=timeout)
+    try:
+        return cls(executor, **engine_args)
+    except BaseException:
+        executor.shutdown()
+        raise

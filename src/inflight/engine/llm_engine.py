@@ -14,27 +14,26 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from pathlib import Path
+from functools import partial
 from typing import Any, Sequence as Seq
 
 import torch
 
 from inflight import checks
-from inflight.engine.block_manager import BlockAllocator
-from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, check_stats_window, check_tokenizer,
-                                         engine_device, eos_token_ids, model_attr)
+from inflight.engine.engine_args import (allocate_pools, check_stats_window, check_tokenizer, engine_device,
+                                         eos_token_ids, model_attr)
 from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as _params_per_prompt
 from inflight.engine.invariants import check_batch_writes, check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.executor import DEFAULT_TIMEOUT_S, MultiprocExecutor, ParallelModelRunner
+from inflight.engine.executor import DEFAULT_TIMEOUT_S, MultiprocExecutor, ParallelModelRunner, engine_from_pretrained
 from inflight.engine.detokenizer import IncrementalDetokenizer
-from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
+from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks
 from inflight.engine.logprobs import StepLogprobs
 from inflight.engine.output_processor import request_heads, request_output_now, snapshot
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats
 from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
-from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
+from inflight.engine.prefix_cache import prefix_cache_stats
 from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
@@ -94,11 +93,9 @@ class LLMEngine:
         if max_batched_tokens is None:
             max_batched_tokens = max(512 if enable_chunked_prefill else self.max_model_len, max_batch_size)
         self.executor = model if isinstance(model, MultiprocExecutor) else None  # tensor parallelism
-        if num_blocks is None and self.executor is not None:  # (each device's own pool: its heads only)
-            num_blocks = self.executor.determine_num_blocks(self.block_size, max_batch_size, self.max_model_len)
-        elif num_blocks is None:
-            num_blocks = default_num_blocks(self.config, self.dtype, self.device, self.block_size, max_batch_size,
-                                            self.max_model_len)
+        if num_blocks is None:  # (with tensor parallelism, what each device's memory holds of its own heads)
+            num_blocks = (self.executor.determine_num_blocks if self.executor is not None else partial(
+                default_num_blocks, self.config, self.dtype, self.device))(self.block_size, max_batch_size, self.max_model_len)
         num_blocks = checks.integer("num_blocks", num_blocks, minimum=1)
         if swap_blocks is not None:
             swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1, maximum=checks.INT64_MAX)
@@ -113,19 +110,9 @@ class LLMEngine:
         # on CUDA, decode steps replay CUDA graphs (`enforce_eager=True`: never); their padding rows
         # write to one extra block past the allocator's pool
         use_graphs = wants_cuda_graphs(self.device, checks.flag("enforce_eager", enforce_eager)) and self.executor is None
-        if self.executor is not None:
-            self.kv_cache = self.executor.init_cache(num_blocks, self.block_size)
-        else:
-            self.kv_cache = allocate_kv_cache(self.config, num_blocks + use_graphs, self.block_size, self.dtype,
-                                              self.device)
-        pool = PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator
-        self.allocator = pool(num_blocks, self.block_size)
-        cpu_pool, self.swapper = None, None
-        if preemption == "swap":
-            n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
-            cpu_pool = BlockAllocator(n_cpu, self.block_size)
-            self.swapper = (self.executor.init_swap(n_cpu, self.kv_cache) if self.executor is not None
-                            else allocate_swapper(self.kv_cache, n_cpu))
+        self.kv_cache, self.allocator, cpu_pool, self.swapper = allocate_pools(
+            self.config, num_blocks, self.block_size, self.dtype, self.device, use_graphs, self.enable_prefix_caching,
+            preemption, swap_blocks, self.executor)
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper, self.kv_cache.copy_blocks)
         graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
@@ -142,44 +129,19 @@ class LLMEngine:
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
 
-    @property
-    def tensor_parallel_size(self) -> int:
-        return 1 if self.executor is None else self.executor.tensor_parallel_size
+    #: how many devices the model is split over (tensor parallelism; 1: this process runs it)
+    tensor_parallel_size = property(lambda self: 1 if self.executor is None else self.executor.tensor_parallel_size)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, tensor_parallel_size: int = 1, device: str | torch.device | None = None,
+    def from_pretrained(cls, path: Any, *, tensor_parallel_size: int = 1, device: str | torch.device | None = None,
                         dtype: torch.dtype | None = None, distributed_timeout: float = DEFAULT_TIMEOUT_S,
                         **engine_args: Any) -> "LLMEngine":
-        """An engine over the checkpoint at `path` (a folder or hub id), with its tokenizer (when it
-        has one; `tokenizer=` overrides). `tensor_parallel_size=N > 1` splits the model over N
-        worker processes (`inflight.engine.executor`; gloo on CPU, NCCL on CUDA, one GPU each):
-        each loads only its shard and holds the KV cache of its heads; `distributed_timeout` bounds
-        how long a step may take before a silent worker ends the engine. Call `shutdown()` when done
-        (garbage collection and interpreter exit do it too)."""
-        from inflight.model.loading import load_pretrained, load_tokenizer
-        from inflight.model.sharding import check_config_tp
-        from inflight.model.loading import _resolve, load_config
-
-        folder = _resolve(path)
-        check_config_tp(load_config(folder), tensor_parallel_size)
-        if "tokenizer" not in engine_args:
-            try:
-                engine_args["tokenizer"] = load_tokenizer(folder)
-            except FileNotFoundError:
-                engine_args["tokenizer"] = None
-        if tensor_parallel_size == 1:
-            return cls(load_pretrained(folder, device=device, dtype=dtype), **engine_args)
-        executor = MultiprocExecutor(folder, tensor_parallel_size, device=device, dtype=dtype,
-                                     timeout=distributed_timeout)
-        try:
-            return cls(executor, **engine_args)
-        except BaseException:
-            executor.shutdown()
-            raise
+        """An engine over the checkpoint folder `path` (and its tokenizer, if any); `tensor_parallel_size=N`: split over N
+        worker processes (`inflight.engine.executor`), a step bounded by `distributed_timeout`; `shutdown()` when done."""
+        return engine_from_pretrained(cls, path, tensor_parallel_size, device, dtype, distributed_timeout, engine_args)
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent; a single-device engine has none).
-        The engine cannot step afterwards."""
+        """Stop the tensor-parallel workers, if any (idempotent); the engine cannot step afterwards."""
         if self.executor is not None:
             self.executor.shutdown()
 
@@ -429,13 +391,7 @@ class LLMEngine:
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache counters (zeros when caching is off): lookups, hits, tokens served, hit rate."""
-        st = getattr(self.allocator, "stats", None)
-        if st is None:
-            return {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_tokens": 0,
-                    "prefix_cache_query_tokens": 0, "prefix_cache_hit_rate": 0.0, "prefix_cache_evictions": 0}
-        return {"prefix_cache_queries": st.requests, "prefix_cache_hits": st.requests_hit,
-                "prefix_cache_hit_tokens": st.hit_tokens, "prefix_cache_query_tokens": st.query_tokens,
-                "prefix_cache_hit_rate": st.hit_rate, "prefix_cache_evictions": st.evictions}
+        return prefix_cache_stats(self.allocator)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block nobody holds (vLLM's `reset_prefix_cache`); a no-op when caching is off."""
