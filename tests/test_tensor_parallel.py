@@ -297,7 +297,7 @@ def test_a_worker_that_raises_reports_its_traceback():
     pids = ex.pids
     eng = LLMEngine(ex, num_blocks=16)
     with pytest.raises(WorkerError, match=r"(?s)rank 1 failed.*failing at step 2 as asked"):
-        eng.generate(["def f():"], SamplingParams(max_tokens=10), use_tqdm=False)
+        eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=10), use_tqdm=False)
     assert wait_gone(pids) == []
 
 

@@ -67,6 +67,9 @@ class WorkerStepTimes:
     comm_seconds: list[float] = field(default_factory=list)
     all_reduces: int = 0
     bytes_all_reduced: int = 0
+    round_trip: float = 0.0   # the driver's wait: sending the step, the workers' time, the logits back
+    num_tokens: int = 0       # tokens the step computed
+    decode_only: bool = False
 
 
 def _available_memory() -> int | None:
@@ -337,8 +340,10 @@ class ParallelModelRunner(ModelRunner):
         plan, seqs, prompt_requests = plan_step(batch)
         t1 = time.perf_counter()
         logits, times = self.executor.execute(plan)
-        self.history.append(times)
         t2 = time.perf_counter()
+        times.round_trip, times.num_tokens = t2 - t1, len(plan.input_ids)
+        times.decode_only = all(q == 1 for q in plan.query_lens)
+        self.history.append(times)
         tokens, failures, lps = self._sample(logits, seqs, prompt_requests)
         return tokens, failures, RunnerTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2), lps
 
