@@ -35,8 +35,11 @@ def test_right_answers_in_other_styles_pass(style):
 
 def test_wrong_shapes_get_a_named_diagnosis():
     assert "not a pair" in check_rank_heads(lambda h, kv, n, r: [0], quiet=True).report.lower()
-    r = check_rank_heads(lambda h, kv, n, r: (rank_heads(h, kv, n, r)[0], []), quiet=True)
-    assert not r and "KV head" in r.report
+    def split_like_q(h, kv, n, r):  # kv // n is 0 when there are fewer KV heads than ranks
+        return rank_heads(h, kv, n, r)[0], list(range(r * (kv // n), (r + 1) * (kv // n)))
+
+    r = check_rank_heads(split_like_q, quiet=True)
+    assert not r and "a rank with no kv head" in r.report.lower() and "Replicate" in r.report
 
     def stub(h, kv, n, r):
         raise NotImplementedError

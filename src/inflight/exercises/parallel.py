@@ -45,9 +45,9 @@ def _answer(f: Callable, h: int, kv: int, n: int, r: int) -> tuple[list[int], li
     q, kv = (as_int_list(got[0], what + "[0]", "head indices are ints"),
              as_int_list(got[1], what + "[1]", "head indices are ints"))
     if q and not kv:
-        raise Flaw("a rank with no KV head", f"{what} = ({q}, [])", f"rank {r}'s query heads {q} read KV heads too: "
-                   "each rank holds at least one (the one its query heads read, replicated when there are fewer KV "
-                   "heads than ranks).")
+        raise Flaw("a rank with no KV head", f"{what} = ({q}, [])", f"rank {r}'s query heads {q} read a KV head too. "
+                   "With fewer KV heads than ranks, `num_kv_heads // tp_size` is 0: split like the query heads, the "
+                   "KV heads run out. Replicate instead — each rank holds the one KV head its query heads read.")
     return q, kv
 
 
@@ -85,11 +85,6 @@ def _cases() -> list[Case]:
     return cases + [repeat_case(cases)]
 
 
-def _kv_split_like_q(h, kv, n, r):
-    per = kv // n
-    return list(range(r * (h // n), (r + 1) * (h // n))), list(range(r * per, (r + 1) * per))
-
-
 def _kv_round_robin(h, kv, n, r):
     q = list(range(r * (h // n), (r + 1) * (h // n)))
     return q, ([r % kv] if kv < n else list(range(r * (kv // n), (r + 1) * (kv // n))))
@@ -110,9 +105,6 @@ def _group_by_kv_count(h, kv, n, r):
 
 
 MISTAKES = [
-    Mistake("KV heads split like query heads", "with fewer KV heads than ranks, `kv_heads // tp_size` is 0 and the "
-            "rank gets no KV head at all, though its query heads need one: replicate — each rank holds the one "
-            "KV head its query heads read.", _kv_split_like_q),
     Mistake("replicas dealt round-robin", "rank r's query heads read KV head `q // (heads / kv_heads)`, which for "
             "consecutive ranks is the SAME head (ranks 0 and 1 share head 0 at 8 heads, 2 KV heads, TP = 4), "
             "not `r % kv_heads`: the copies go to neighbouring ranks.", _kv_round_robin),
