@@ -28,6 +28,9 @@ from inflight.model.parallel import (check_tp_size, column_shard, head_range, kv
 from inflight.model.sharding import local_config, shard_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+#: where the token-identity tests run: this CPU (gloo), or CUDA (NCCL) where `.ci/gpu` sets it
+DEVICE = os.environ.get("INFLIGHT_TP_DEVICE", "cpu")
+ON = {"device": DEVICE, "dtype": torch.float32}  # fp32: the split changes only the order of additions
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 PROMPTS = ["def add(a, b):", "import os\n", "class Stack:\n    def push(self, x):", "for i in range(",
            "def fib(n):\n    if n < 2:", "while True:"]
@@ -155,8 +158,10 @@ def gqa_checkpoint(folder: Path) -> Path:
 
 def run_both(path, tp: int, fn, **engine_args):
     """`fn(engine)` on one device and on `tp` workers."""
-    one = LLMEngine.from_pretrained(path, **engine_args)
-    many = LLMEngine.from_pretrained(path, tensor_parallel_size=tp, **engine_args)
+    if DEVICE == "cuda" and torch.cuda.device_count() < tp:
+        pytest.skip(f"TP = {tp} needs {tp} CUDA devices, this machine has {torch.cuda.device_count()}")
+    one = LLMEngine.from_pretrained(path, **ON, **engine_args)
+    many = LLMEngine.from_pretrained(path, tensor_parallel_size=tp, **ON, **engine_args)
     try:
         return fn(one), fn(many), one, many
     finally:
@@ -166,14 +171,15 @@ def run_both(path, tp: int, fn, **engine_args):
 @pytest.fixture(scope="module")
 def tp2_small_pool():
     """The tiny model over two workers with a pool small enough to preempt (recompute)."""
-    eng = LLMEngine.from_pretrained(TINY_PATH, tensor_parallel_size=2, num_blocks=24, block_size=8, max_batch_size=8)
+    eng = LLMEngine.from_pretrained(TINY_PATH, tensor_parallel_size=2, num_blocks=24, block_size=8, max_batch_size=8,
+                                    **ON)
     yield eng
     eng.shutdown()
 
 
 @pytest.fixture(scope="module")
 def tp1_small_pool():
-    return LLMEngine.from_pretrained(TINY_PATH, num_blocks=24, block_size=8, max_batch_size=8)
+    return LLMEngine.from_pretrained(TINY_PATH, num_blocks=24, block_size=8, max_batch_size=8, **ON)
 
 
 def test_greedy_tokens_identical_through_recompute_preemption(tp1_small_pool, tp2_small_pool):

@@ -26,9 +26,11 @@ terminates and finally kills any that did not, and joins them all: no process is
 """
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -96,6 +98,24 @@ def check_startable(n: int, device_type: str, weight_bytes: int) -> None:
     if avail is not None and need > avail:
         raise ValueError(f"tensor_parallel_size {n}: {n} worker processes need about {need / 2**30:.1f} GiB "
                          f"(torch in each, plus the weights), this machine has {avail / 2**30:.1f} GiB available")
+
+
+@contextmanager
+def _main_module_hidden():
+    """While a worker is spawned: a worker needs only `inflight.engine.worker`, never the user's
+    script, so spawn is not told about `__main__` — no `if __name__ == "__main__":` guard needed,
+    and a script read from stdin (which spawn could not re-read) works too."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _stop(procs: list, conns: list, grace: float = 5.0) -> None:
@@ -175,7 +195,8 @@ class MultiprocExecutor:
                        "dtype": str(self.dtype).removeprefix("torch."), "store_port": self._store.port,
                        "timeout": self.timeout * COLLECTIVE_TIMEOUT_FACTOR, "threads": threads, **(_worker_options or {}).get(rank, {})}
                 p = ctx.Process(target=worker_main, args=(cfg, child), name=f"inflight-tp-worker-{rank}", daemon=True)
-                p.start()
+                with _main_module_hidden():
+                    p.start()
                 child.close()
                 self._procs.append(p)
                 self._conns.append(parent)
