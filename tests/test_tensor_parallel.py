@@ -308,14 +308,13 @@ def test_a_worker_that_raises_reports_its_traceback():
 
 
 CTRL_C_SCRIPT = textwrap.dedent("""
-    import sys
+    # (no `if __name__ == "__main__":` guard: the workers never import this script)
     from inflight import LLMEngine, SamplingParams
     from inflight.model.loading import TINY_PATH
-    if __name__ == "__main__":
-        eng = LLMEngine.from_pretrained(TINY_PATH, tensor_parallel_size=2, num_blocks=64)
-        print("PIDS", *eng.executor.pids, flush=True)
-        while True:  # until Ctrl-C
-            eng.generate(["def f(x):"] * 4, SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)
+    eng = LLMEngine.from_pretrained(TINY_PATH, tensor_parallel_size=2, num_blocks=64)
+    print("PIDS", *eng.executor.pids, flush=True)
+    while True:  # until Ctrl-C
+        eng.generate(["def f(x):"] * 4, SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)
 """)
 
 
