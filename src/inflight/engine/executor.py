@@ -26,10 +26,10 @@ terminates and finally kills any that did not, and joins them all: no process is
 """
 from __future__ import annotations
 
+import signal
 import sys
 import time
 import weakref
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from inflight.engine.model_runner import ModelRunner, StepTimes as RunnerTimes, plan_step
-from inflight.engine.scheduler_types import SchedulerOutput
+from inflight.engine.parallel_runner import ParallelKVCache, ParallelModelRunner, ParallelSwapper
 
-__all__ = ["MultiprocExecutor", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper", "WorkerError", "DEFAULT_TIMEOUT_S"]
+__all__ = ["MultiprocExecutor", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper",
+           "WorkerError", "DEFAULT_TIMEOUT_S"]
 
 #: Seconds the driver waits for a step's replies (and the workers' collective timeout).
 DEFAULT_TIMEOUT_S = 60.0
@@ -98,6 +98,20 @@ def check_startable(n: int, device_type: str, weight_bytes: int) -> None:
     if avail is not None and need > avail:
         raise ValueError(f"tensor_parallel_size {n}: {n} worker processes need about {need / 2**30:.1f} GiB "
                          f"(torch in each, plus the weights), this machine has {avail / 2**30:.1f} GiB available")
+
+
+@contextmanager
+def _sigint_deferred():
+    """Ctrl-C arrives after the block, not inside it (Linux: SIGINT blocked in this thread meanwhile)."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    old = mask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, old)
 
 
 @contextmanager
@@ -209,6 +223,10 @@ class MultiprocExecutor:
     def _broadcast(self, msg: tuple) -> None:
         if self.dead is not None:
             raise WorkerError(self.dead)
+        with _sigint_deferred():  # (a step sent to some ranks only would leave them alone in an all-reduce)
+            self._send_all(msg)
+
+    def _send_all(self, msg: tuple) -> None:
         for rank, c in enumerate(self._conns):
             try:
                 c.send(msg)
@@ -262,12 +280,12 @@ class MultiprocExecutor:
         self._broadcast(("num_blocks", block_size, max_batch_size, max_model_len))
         return min(m[1] for m in self._collect("num_blocks", self.timeout))
 
-    def init_cache(self, num_blocks: int, block_size: int) -> "ParallelKVCache":
+    def init_cache(self, num_blocks: int, block_size: int) -> ParallelKVCache:
         self._broadcast(("init_cache", num_blocks, block_size))
         replies = self._collect("cache", self.timeout, "to allocate its KV cache")
         return ParallelKVCache(self, num_blocks, block_size, bytes_per_block=replies[0][2])
 
-    def init_swap(self, num_cpu_blocks: int, kv: "ParallelKVCache") -> "ParallelSwapper":
+    def init_swap(self, num_cpu_blocks: int, kv: ParallelKVCache) -> ParallelSwapper:
         self._broadcast(("init_swap", num_cpu_blocks))
         self._collect("swap", self.timeout, "to allocate its CPU swap pool")
         return ParallelSwapper(self, kv)
@@ -300,77 +318,6 @@ class MultiprocExecutor:
 
     def __call__(self, *args, **kwargs):  # (LLMEngine checks that its model is callable)
         raise TypeError("a MultiprocExecutor runs steps through LLMEngine, not by being called")
-
-
-class ParallelKVCache:
-    """The driver's view of the workers' KV caches: the pool's shape for the scheduler, and
-    `copy_blocks` (copy-on-write), which queues the copy for every worker's next step."""
-
-    def __init__(self, executor: MultiprocExecutor, num_blocks: int, block_size: int, bytes_per_block: int):
-        self.executor = executor
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.device, self.dtype = executor.device, executor.dtype
-        self.bytes_per_block = bytes_per_block  # per device (its heads only)
-        self.num_layers = executor.config.num_hidden_layers
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.bytes_per_block // self.block_size
-
-    @property
-    def nbytes(self) -> int:
-        return self.bytes_per_block * self.num_blocks
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            self.executor.pending_ops.append(("copy", list(pairs)))
-
-
-class ParallelSwapper:
-    """Swap preemption's copies, queued for every worker's next step (each moves its own heads
-    between its device cache and its CPU pool). `bytes_moved` counts all devices together."""
-
-    def __init__(self, executor: MultiprocExecutor, kv: ParallelKVCache):
-        self.executor, self.kv = executor, kv
-        self.bytes_moved = 0
-
-    def _queue(self, kind: str, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            self.executor.pending_ops.append((kind, list(pairs)))
-            self.bytes_moved += len(pairs) * self.kv.bytes_per_block * self.executor.tensor_parallel_size
-
-    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
-        self._queue("swap_out", pairs)
-
-    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        self._queue("swap_in", pairs)
-
-
-class ParallelModelRunner(ModelRunner):
-    """`ModelRunner` whose forward pass runs on the workers: the batch is planned here
-    (`plan_step`), executed there, and sampled here from rank 0's logits (`ModelRunner._sample`)."""
-
-    def __init__(self, executor: MultiprocExecutor, kv_cache: ParallelKVCache, sampler: Any):
-        self.executor, self.kv_cache, self.sampler = executor, kv_cache, sampler
-        self.model, self.graphs, self.threads = executor, None, None
-        self.device = torch.device("cpu")  # where the logits arrive
-        self.history: deque[WorkerStepTimes] = deque(maxlen=10_000)  # the workers' view of the last steps
-
-    def run(self, batch: SchedulerOutput):
-        t0 = time.perf_counter()
-        plan, seqs, prompt_requests = plan_step(batch)
-        t1 = time.perf_counter()
-        logits, times = self.executor.execute(plan)
-        t2 = time.perf_counter()
-        times.round_trip, times.num_tokens = t2 - t1, len(plan.input_ids)
-        times.decode_only = all(q == 1 for q in plan.query_lens)
-        self.history.append(times)
-        tokens, failures, lps = self._sample(logits, seqs, prompt_requests)
-        return tokens, failures, RunnerTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2), lps
-
-    def run_isolating(self, batch: SchedulerOutput):
-        """No isolating: a failure on a worker ends the engine (`WorkerError`)."""
-        return (batch, *self.run(batch), {})
 
 
 def engine_from_pretrained(cls: type, path: Any, tensor_parallel_size: int, device: Any, dtype: Any,

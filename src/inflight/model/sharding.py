@@ -18,8 +18,7 @@ from typing import Any, Callable
 import torch
 
 from inflight.model.llama import LlamaConfig, LlamaModel
-from inflight.model.parallel import (TPGroup, check_tp_size, column_shard, head_range, kv_head_range,
-                                     kv_heads_per_rank, row_shard)
+from inflight.model.parallel import TPGroup, check_tp_size, head_range, kv_head_range, kv_heads_per_rank
 
 __all__ = ["local_config", "check_config_tp", "shard_state_dict", "load_shard", "tensor_slice"]
 

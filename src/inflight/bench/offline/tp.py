@@ -17,7 +17,6 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 __all__ = ["StepSplit", "measure", "main"]
 
