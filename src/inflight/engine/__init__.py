@@ -17,6 +17,9 @@
 - `outputs`       `RequestOutput` (with a `CompletionOutput` per sample), `StepStats`, the run's totals
 - `output_processor` a step's sequences into `RequestOutput`s: text, stop strings, snapshots
 - `invariants`    the debug checks that the books balance
+- `executor`      tensor parallelism, the driver: `MultiprocExecutor` starts N workers and sends each step
+- `worker`        tensor parallelism, one worker process: its shard, the KV of its heads, its loop
+- `parallel_runner` the driver's stand-ins for the workers' KV cache, swapper and model runner
 
 The engine imports the model layer and nothing above it (`sim`, `bench`, `book`, `exercises`).
 """
