@@ -67,17 +67,21 @@ def _y_max(model: str) -> float:
 
 def tp_site(models: Sequence[str] = ("70B", "8B"), tps: Sequence[int] = TPS) -> Explorer:
     layout = panels(1, 2, titles=("one device's 80 GB (GB)", f"ms per decode step, context {CONTEXT}"), hspace=0.14)
-    layout["xaxis"].update(domain=[0, 0.3], title={"text": ""})
+    layout["xaxis"].update(domain=[0, 0.3], title={"text": ""}, type="category")
     layout["yaxis"].update(range=[0, 80], title={"text": "GB"})
-    layout["xaxis2"].update(domain=[0.44, 1], type="log", title={"text": "batch size (requests)"})
+    layout["xaxis2"].update(domain=[0.44, 1], type="log", title={"text": "batch size (requests)"},
+                            tickvals=list(BATCHES))
     layout["yaxis2"].update(title={"text": "ms"})
     layout.update(barmode="stack", title={"font": {"size": 13}}, margin={"t": 96},
-                  legend={"orientation": "h", "y": -0.32, "font": {"size": 11}})
+                  legend={"x": 0.45, "xanchor": "left", "y": 0.99, "yanchor": "top", "orientation": "v",
+                          "bgcolor": "rgba(255,255,255,0.85)", "font": {"size": 11}})
     ymax = {m: _y_max(m) for m in models}
 
     def view(model: str, tp: int) -> View:
         parts, _ = memory_parts(model, tp)
         data = [{"type": "bar", "x": [f"TP = {tp}"], "y": [round(v, 2)], "name": name, "marker": {"color": color},
+                 "showlegend": False, "text": [f"{name.split(' (')[0]}: {v:.1f} GB" if v >= 3 else ""],
+                 "textposition": "inside", "insidetextanchor": "middle", "textfont": {"size": 10, "color": "white"},
                  "hovertemplate": f"{name}: %{{y:.1f}} GB<extra></extra>"} for (name, color), v in zip(PARTS, parts)]
         ms = step_ms(model, tp)
         for dev, name, color, _ in LINES:
