@@ -144,7 +144,7 @@ class InProcessServer(HTTPServerClient):
         from inflight.serve.metrics import ServerMetrics
 
         self.model, self.engine = model_name, engine
-        self.prom = ServerMetrics(model_name)
+        self.prom = ServerMetrics(model_name, getattr(getattr(engine, "speculator", None), "k", None))
         self.aengine = AsyncEngine(engine, loop=loop, observer=self.prom, stream_interval=stream_interval)
         app = build_app(self.aengine, self.prom, model_name=model_name, **app_kw)
         sock = socket.socket()

@@ -238,6 +238,19 @@ def test_swap_preemption_and_prefix_caching_match(tmp_path):
     assert many.kv_cache.bytes_per_block * 2 == one.kv_cache.bytes_per_block
 
 
+def test_speculative_decoding_matches():
+    """Speculation lives in the driver (proposals, the rejection rule); the workers only compute the
+    proposals' rows, which come back with the others."""
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(", "import os\nimport os\nimport",
+               "for i in range(10):\n    for i in range("]
+    cfg = {"method": "ngram", "num_speculative_tokens": 3}
+    ref, got, one, many = run_both(TINY_PATH, 2, lambda e: tokens(e.generate(prompts, SamplingParams(
+        max_tokens=32, temperature=0), use_tqdm=False)), speculative_config=cfg)
+    assert got == ref
+    assert many.speculator.stats()["spec_num_accepted_tokens"] > 0
+    assert many.speculator.stats() == one.speculator.stats()
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_gqa_model_identical_with_split_and_replicated_kv_heads(tmp_path, tp):
     path = gqa_checkpoint(tmp_path / "gqa")

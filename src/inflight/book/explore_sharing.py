@@ -125,7 +125,9 @@ def sharing_site(ns: Sequence[int] = NS, prompts: Sequence[int] = PROMPTS) -> Ex
     layout["xaxis"].update(domain=[0, 0.55], title={"text": "block of the table"})
     layout["yaxis"].update(title={"text": "sample"}, tickformat="d")
     layout["xaxis2"].update(domain=[0.65, 1], range=[0, OUTPUT + 1], title={"text": "step"})
-    layout["legend"] = {"x": 0.66, "xanchor": "left", "y": 1, "yanchor": "top", "xref": "paper", "yref": "paper",
+    # (vertical, said outright: the book's base legend is horizontal, and a horizontal legend starting
+    # at x=0.66 reaches past the plot, which made plotly lay the sliders out for a 144 px plot)
+    layout["legend"] = {"orientation": "v", "x": 0.66, "xanchor": "left", "y": 1, "yanchor": "top", "xref": "paper", "yref": "paper",
                         "bgcolor": "rgba(255,255,255,0.8)", "font": {"size": 10}}
     layout.update(title={"font": {"size": 13}}, margin={"t": 96})
     knobs = [Knob("n", "samples n", tuple(ns), start=4 if 4 in ns else ns[0]),

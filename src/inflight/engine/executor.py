@@ -41,7 +41,7 @@ import torch
 
 from inflight.engine.parallel_runner import ParallelKVCache, ParallelModelRunner, ParallelSwapper
 
-__all__ = ["MultiprocExecutor", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper",
+__all__ = ["MultiprocExecutor", "TensorParallelEngine", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper",
            "WorkerError", "DEFAULT_TIMEOUT_S"]
 
 #: Seconds the driver waits for a step's replies (and the workers' collective timeout).
@@ -319,6 +319,34 @@ class MultiprocExecutor:
 
     def __call__(self, *args, **kwargs):  # (LLMEngine checks that its model is callable)
         raise TypeError("a MultiprocExecutor runs steps through LLMEngine, not by being called")
+
+
+class TensorParallelEngine:
+    """What `LLMEngine` has for tensor parallelism (its base class): `from_pretrained` with
+    `tensor_parallel_size`, the size, and `shutdown`. `executor` is the engine's
+    `MultiprocExecutor`, or None when this process runs the model."""
+
+    executor: MultiprocExecutor | None = None
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """How many devices the model is split over (1: this process runs it)."""
+        return 1 if self.executor is None else self.executor.tensor_parallel_size
+
+    @classmethod
+    def from_pretrained(cls, path: Any, *, tensor_parallel_size: int = 1, device: Any = None, dtype: Any = None,
+                        distributed_timeout: float = DEFAULT_TIMEOUT_S, **engine_args: Any) -> Any:
+        """An engine over the checkpoint folder (or hub id) `path`, with its tokenizer if it has one
+        (`tokenizer=` overrides). `tensor_parallel_size=N > 1` splits the model over N worker
+        processes (gloo on CPU, NCCL on CUDA, one GPU each), each with its shard and the KV cache of
+        its heads; `distributed_timeout` bounds how long a step may take before a silent worker ends
+        the engine. Call `shutdown()` when done (garbage collection and interpreter exit do it too)."""
+        return engine_from_pretrained(cls, path, tensor_parallel_size, device, dtype, distributed_timeout, engine_args)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent); the engine cannot step afterwards."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
 
 def engine_from_pretrained(cls: type, path: Any, tensor_parallel_size: int, device: Any, dtype: Any,

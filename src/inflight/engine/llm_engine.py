@@ -26,7 +26,7 @@ from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as 
 from inflight.engine.invariants import check_batch_writes, check_requests
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.executor import DEFAULT_TIMEOUT_S, MultiprocExecutor, ParallelModelRunner, engine_from_pretrained
+from inflight.engine.executor import MultiprocExecutor, ParallelModelRunner, TensorParallelEngine
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks
 from inflight.engine.logprobs import StepLogprobs
@@ -38,12 +38,13 @@ from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
 from inflight.engine.sequence import Sequence, fail
+from inflight.engine.spec_decode.speculator import Speculator
 from inflight.model.sampler import Sampler, make_generator
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats", "EngineStalledError"]
 
 
-class LLMEngine:
+class LLMEngine(TensorParallelEngine):
     """Continuous batching over a paged KV cache (see the module docstring).
 
     `num_blocks=None` sizes the pool from memory (`model_runner.default_num_blocks`: on CUDA a
@@ -66,7 +67,8 @@ class LLMEngine:
 
     A long-running engine keeps flat memory: it forgets a request once its final output has been
     returned (by `step()` or `generate()`, as vLLM does), `stats` holds the last `stats_window`
-    steps (None: all of them) and `summary()` reads running totals over the engine's whole life."""
+    steps (None: all of them) and `summary()` reads running totals over the engine's whole life.
+    `speculative_config`: speculative decoding, vLLM's keys (`inflight.engine.spec_decode`, chapter 12)."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
@@ -74,7 +76,7 @@ class LLMEngine:
                  debug: bool = False, device: str | torch.device | None = None, swap_blocks: int | None = None,
                  max_model_len: int | None = None, seed: int = 0, enable_prefix_caching: bool = False,
                  priority_aging: float | None = None, stats_window: int | None = 10_000,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, speculative_config: dict | None = None):
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
@@ -118,6 +120,7 @@ class LLMEngine:
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
         self.runner = (ParallelModelRunner(self.executor, self.kv_cache, sampler) if self.executor is not None
                        else ModelRunner(model, self.kv_cache, sampler, graphs))
+        self.speculator = Speculator.build(speculative_config, self, num_blocks, max_batch_size)  # (k = 0: off)
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
@@ -128,22 +131,6 @@ class LLMEngine:
     @property
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
-
-    #: how many devices the model is split over (tensor parallelism; 1: this process runs it)
-    tensor_parallel_size = property(lambda self: 1 if self.executor is None else self.executor.tensor_parallel_size)
-
-    @classmethod
-    def from_pretrained(cls, path: Any, *, tensor_parallel_size: int = 1, device: str | torch.device | None = None,
-                        dtype: torch.dtype | None = None, distributed_timeout: float = DEFAULT_TIMEOUT_S,
-                        **engine_args: Any) -> "LLMEngine":
-        """An engine over the checkpoint folder `path` (and its tokenizer, if any); `tensor_parallel_size=N`: split over N
-        worker processes (`inflight.engine.executor`), a step bounded by `distributed_timeout`; `shutdown()` when done."""
-        return engine_from_pretrained(cls, path, tensor_parallel_size, device, dtype, distributed_timeout, engine_args)
-
-    def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent); the engine cannot step afterwards."""
-        if self.executor is not None:
-            self.executor.shutdown()
 
     # -- submission ------------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
@@ -244,6 +231,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         events = sched.begin_step()
         sched.reap()                      # 1. reap
+        self.speculator.propose(sched.running)  # (speculative decoding: proposals, before the budget)
         budget = sched.budget()           # 2. budget
         for s in sched.admit(budget):     # 3. admit
             if s.first_scheduled_time is None:
@@ -263,7 +251,8 @@ class LLMEngine:
         sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
         for s, why in broken.items():
             fail(s, f"the model's forward pass failed for it ({why})", now)
-        touched = sched.update(batch, tokens, now, failures, lps) + list(broken)  # ... then the bookkeeping
+        touched = sched.update(batch, tokens, now, failures, lps, self.speculator.stop_check) + list(broken)  # ... then the bookkeeping
+        self.speculator.record(events)
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
@@ -272,6 +261,9 @@ class LLMEngine:
         if self.debug:
             self.check_invariants()
         return outs
+
+    def spec_decode_stats(self) -> dict:  # (chapter 12: counters, acceptance rate, mean accepted length; {}: off)
+        return self.speculator.stats()
 
     def _record(self, batch: SchedulerOutput, events: StepEvents, outs: list[RequestOutput], t0: float, t1: float,
                 times: StepTimes) -> None:
@@ -387,7 +379,7 @@ class LLMEngine:
     def summary(self) -> dict:
         """Totals over every step of the engine's life so far (seconds and counts)."""
         return {**self.totals.as_dict(), "swap_bytes": self.swapper.bytes_moved if self.swapper is not None else 0,
-                **self.prefix_cache_stats()}
+                **self.prefix_cache_stats(), **self.spec_decode_stats()}
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache counters (zeros when caching is off): lookups, hits, tokens served, hit rate."""

@@ -36,6 +36,8 @@ class StepLogprobs:
 
     sampled: dict[int, "RowLogprobs"] = field(default_factory=dict)
     prompt: list[tuple["Sequence", int, list["RowLogprobs"]]] = field(default_factory=list)
+    # speculative decoding: for the k-th draw, when it verified proposals, one entry per token it emitted
+    spec: dict[int, list["RowLogprobs"]] = field(default_factory=dict)
 
 
 def wants_prompt_logprobs(s: "Sequence") -> bool:

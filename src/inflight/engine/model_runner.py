@@ -27,7 +27,7 @@ from inflight.model.sampler import Sampler
 from inflight.engine.thread_governor import ThreadGovernor
 from inflight.threads import adaptive_threads_wanted
 
-__all__ = ["ModelRunner", "StepInputs", "StepPlan", "plan_step", "step_tensors", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
+__all__ = ["ModelRunner", "StepInputs", "StepPlan", "plan_batch", "step_tensors", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
            "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]
 
 #: On CPU, without `num_blocks`: enough blocks for `max_batch_size` requests of this many tokens each.
@@ -49,6 +49,7 @@ class StepInputs:
     logits_indices: torch.Tensor
     sampling_seqs: list[Sequence]
     prompt_requests: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    num_prompt_rows: int = 0  # (after them: the rows of each verifying request's proposals, in order)
 
 
 @dataclass
@@ -72,28 +73,32 @@ class StepPlan:
     logits_indices: list[int]
 
 
-def plan_step(batch: SchedulerOutput) -> tuple[StepPlan, list[Sequence], list[tuple[Sequence, int, int]]]:
-    """The batch flattened (see `ModelRunner.prepare`), the requests sampled, and the prompt rows
-    wanted for log-probabilities."""
+def plan_batch(batch: SchedulerOutput) -> tuple[StepPlan, list[Sequence], list[tuple[Sequence, int, int]], int]:
+    """The batch flattened (see `ModelRunner.prepare`), the requests sampled, the prompt rows wanted
+    for log-probabilities, and how many rows those are (after them in `logits_indices`: the rows of
+    each verifying request's proposals, in order — speculative decoding)."""
     input_ids: list[int] = []
     query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
-    prompt_idx, prompt_requests = [], []
+    prompt_idx, prompt_requests, spec_idx = [], [], []
     for s in batch.seqs:
-        q, done = s.num_scheduled_tokens, s.num_computed_tokens
+        q, done, spec = s.num_scheduled_tokens, s.num_computed_tokens, s.spec_token_ids
         start = len(input_ids)
-        input_ids.extend(s.token_ids[done:done + q])
+        input_ids.extend(s.token_ids[done:done + q - len(spec)])
+        input_ids.extend(spec)  # (speculative decoding: the proposals follow the last token)
         query_lens.append(q)
         context_lens.append(done + q)
         tables.append(s.block_table)
-        if done + q == s.num_tokens:  # prompt complete (or a decode): its last row gives the next token
-            logits_idx.append(len(input_ids) - 1)
+        if done + q == s.num_tokens + len(spec):  # prompt complete (or a decode): its last row gives the next token
+            logits_idx.append(len(input_ids) - 1 - len(spec))
             sampling.append(s)
+            spec_idx.extend(range(len(input_ids) - len(spec), len(input_ids)))  # each proposal's row
         if s.prompt_logprobs is not None:  # (asked for them: the rows of its prompt tokens too)
             first, count = prompt_rows(s)
             if count:
                 prompt_idx.extend(range(start + first, start + first + count))
                 prompt_requests.append((s, done + first, count))
-    return StepPlan(input_ids, query_lens, context_lens, tables, logits_idx + prompt_idx), sampling, prompt_requests
+    plan = StepPlan(input_ids, query_lens, context_lens, tables, logits_idx + prompt_idx + spec_idx)
+    return plan, sampling, prompt_requests, len(prompt_idx)
 
 
 def step_tensors(plan: StepPlan, block_size: int, device: torch.device
@@ -121,9 +126,9 @@ class ModelRunner:
     def prepare(self, batch: SchedulerOutput) -> StepInputs:
         """Flatten the ragged batch: each request contributes its tokens from `num_computed_tokens`
         on (a prefill chunk, or the one new token of a decode), and is sampled if that reaches its end."""
-        plan, sampling, prompt_requests = plan_step(batch)
+        plan, sampling, prompt_requests, n_prompt = plan_batch(batch)
         ids, meta, idx = step_tensors(plan, self.kv_cache.block_size, self.device)
-        return StepInputs(ids, meta.positions, meta, idx, sampling, prompt_requests)
+        return StepInputs(ids, meta.positions, meta, idx, sampling, prompt_requests, n_prompt)
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> tuple[list[int], dict[int, str], StepTimes, StepLogprobs]:
@@ -143,6 +148,7 @@ class ModelRunner:
 
     def _run(self, batch: SchedulerOutput, t0: float) -> tuple[list[int], dict[int, str], StepTimes, StepLogprobs]:
         prompt_requests: list = []
+        n_prompt = 0
         if self.graphs is not None and self.graphs.can_run(batch.seqs):
             seqs = batch.seqs  # a decode-only step: every request is sampled (and no prompt row is wanted)
             bucket, longest = self.graphs.prepare(seqs)
@@ -150,32 +156,86 @@ class ModelRunner:
             logits = self.graphs.forward(len(seqs), bucket, longest)
         else:
             inputs = self.prepare(batch)
-            seqs, prompt_requests = inputs.sampling_seqs, inputs.prompt_requests
+            seqs, prompt_requests, n_prompt = inputs.sampling_seqs, inputs.prompt_requests, inputs.num_prompt_rows
             t1 = time.perf_counter()
             logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
                                 logits_indices=inputs.logits_indices)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest forward time
         t2 = time.perf_counter()
-        tokens, failures, lps = self._sample(logits, seqs, prompt_requests)
+        tokens, failures, lps = self._sample(logits, seqs, prompt_requests, n_prompt)
         return tokens, failures, StepTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2), lps
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt_requests: list
-                ) -> tuple[list[int], dict[int, str], StepLogprobs]:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt_requests: list, n_prompt: int = 0
+                ) -> tuple[list, dict[int, str], StepLogprobs]:
         """The draws of the step (a row per draw: a forking request's row repeated for its `n`
-        samples, each with its own stream), then the log-probabilities asked for."""
+        samples, each with its own stream), then the log-probabilities asked for. A request that
+        verifies proposals draws by the rejection rule instead (`_verify`): its entry is a list."""
         if not seqs and not prompt_requests:
             return [], {}, StepLogprobs()
         rows, params, generators = expand_draws(seqs)
         sample_logits = logits[:len(seqs)]
         if len(rows) != len(seqs):
             sample_logits = sample_logits[torch.tensor(rows, device=logits.device)]
-        tokens, failures = self.sampler.sample(sample_logits, [p.temperature for p in params],
-                                               [p.top_p for p in params], generators) if rows else ([], {})
+        verify = [d for d, r in enumerate(rows) if seqs[r].spec_token_ids]
+        temps = [p.temperature for p in params]
+        for d in verify:  # (greedy here: their random streams are the rejection rule's)
+            temps[d] = 0.0
+        tokens, failures = self.sampler.sample(sample_logits, temps, [p.top_p for p in params],
+                                               generators) if rows else ([], {})
         ks = [p.logprobs for p in params]
-        if not prompt_requests and all(k is None for k in ks):
+        spec_lps: dict[int, list] = {}
+        if verify:
+            for d in verify:
+                ks[d] = None
+            self._verify(verify, [seqs[rows[d]] for d in verify], sample_logits, logits[len(seqs) + n_prompt:],
+                         tokens, failures, spec_lps)
+        if not prompt_requests and all(k is None for k in ks) and not spec_lps:
             return tokens, failures, StepLogprobs()
-        return tokens, failures, step_logprobs(sample_logits, tokens, ks, logits[len(seqs):], prompt_requests)
+        lps = step_logprobs(sample_logits, tokens, ks, logits[len(seqs):len(seqs) + n_prompt], prompt_requests)
+        lps.spec = spec_lps
+        return tokens, failures, lps
+
+    def _verify(self, draws_at: list[int], seqs: list[Sequence], sample_logits: torch.Tensor,
+                spec_logits: torch.Tensor, tokens: list, failures: dict[int, str], spec_lps: dict[int, list]) -> None:
+        """Speculative decoding: for each verifying request (draw `draws_at[i]`), its rows — the last
+        token's and one per proposal — through the rejection rule (`spec_decode.rejection_sampler`);
+        `tokens[d]` becomes the list of tokens it emits, with their log-probabilities if asked. Its
+        proposals stop before the first row that is not finite (a row whose own token cannot be
+        sampled, the first, fails the request as in an ordinary step)."""
+        from inflight.engine.spec_decode.rejection_sampler import greedy_verify, rejection_sample
+
+        spec_logits = spec_logits.float()
+        finite = torch.isfinite(spec_logits).all(-1).tolist()
+        argmax = spec_logits.max(dim=-1).indices.tolist()
+        at = 0
+        for d, s in zip(draws_at, seqs):
+            draft = s.spec_token_ids
+            off, at = at, at + len(draft)
+            if d in failures:
+                continue
+            ok = 0
+            while ok < len(draft) and finite[off + ok]:
+                ok += 1
+            draft = draft[:ok]  # (row j + 1 verifies proposal j + 1 and gives the bonus: all must be finite)
+            p = s.params
+            try:
+                if p.temperature == 0:
+                    got = greedy_verify([tokens[d]] + argmax[off:off + ok], draft)
+                    block = None
+                else:
+                    g = s.generator if s.generator is not None else self.sampler.generator
+                    block = torch.cat([sample_logits[d:d + 1].float(), spec_logits[off:off + ok]])
+                    got = rejection_sample(block.cpu(), draft, p.temperature, p.top_p,
+                                           lambda: torch.rand(1, generator=g, dtype=torch.float64).item())
+            except Exception as exc:  # noqa: BLE001 - one request's failure, reported as its own
+                failures[d], tokens[d] = f"{type(exc).__name__}: {exc}", -1
+                continue
+            tokens[d] = got
+            if p.logprobs is not None:
+                if block is None:
+                    block = torch.cat([sample_logits[d:d + 1].float(), spec_logits[off:off + ok]])
+                spec_lps[d] = token_logprobs(block[:len(got)], got, [p.logprobs] * len(got))
 
 
     def run_isolating(self, batch: SchedulerOutput) -> tuple[SchedulerOutput, list[int], dict[int, str], StepTimes,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inflight.engine.model_runner import ModelRunner, StepTimes as RunnerTimes, plan_step
+from inflight.engine.model_runner import ModelRunner, StepTimes as RunnerTimes, plan_batch
 from inflight.engine.scheduler_types import SchedulerOutput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,7 +64,7 @@ class ParallelSwapper:
 
 class ParallelModelRunner(ModelRunner):
     """`ModelRunner` whose forward pass runs on the workers: the batch is planned here
-    (`plan_step`), executed there, and sampled here from rank 0's logits (`ModelRunner._sample`)."""
+    (`plan_batch`), executed there, and sampled here from rank 0's logits (`ModelRunner._sample`)."""
 
     def __init__(self, executor: MultiprocExecutor, kv_cache: ParallelKVCache, sampler: Any):
         self.executor, self.kv_cache, self.sampler = executor, kv_cache, sampler
@@ -74,14 +74,14 @@ class ParallelModelRunner(ModelRunner):
 
     def run(self, batch: SchedulerOutput):
         t0 = time.perf_counter()
-        plan, seqs, prompt_requests = plan_step(batch)
+        plan, seqs, prompt_requests, n_prompt = plan_batch(batch)
         t1 = time.perf_counter()
         logits, times = self.executor.execute(plan)
         t2 = time.perf_counter()
         times.round_trip, times.num_tokens = t2 - t1, len(plan.input_ids)
         times.decode_only = all(q == 1 for q in plan.query_lens)
         self.history.append(times)
-        tokens, failures, lps = self._sample(logits, seqs, prompt_requests)
+        tokens, failures, lps = self._sample(logits, seqs, prompt_requests, n_prompt)
         return tokens, failures, RunnerTimes(prepare=t1 - t0, forward=t2 - t1, sample=time.perf_counter() - t2), lps
 
     def run_isolating(self, batch: SchedulerOutput):

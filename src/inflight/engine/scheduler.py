@@ -40,6 +40,7 @@ from inflight.engine.prefix_cache import cache_full_blocks, cached_prefix
 from inflight.engine.priority import choose_victim
 from inflight.engine.scheduler_types import NoCopy, SchedulerConfig, SchedulerOutput, StepEvents, Swapper
 from inflight.engine.sequence import Sequence, SequenceStatus, append_token, fail
+from inflight.engine.spec_decode.lookahead import keep_computed_blocks, plan_lookahead, take_verified
 
 __all__ = ["SchedulerConfig", "Budget", "SchedulerOutput", "StepEvents", "Scheduler", "Swapper", "STEP_ORDER"]
 
@@ -137,8 +138,8 @@ class Scheduler:
                 q = max(min(remaining, tokens) if cfg.enable_chunked_prefill else remaining, 0)
                 s.num_scheduled_tokens = q
                 tokens -= q
+        plan_lookahead(self.running, alloc := self.allocator, cfg.watermark_blocks, tokens)  # (speculation: leftovers)
         # a shared block a sample writes into first is not one it can write: its copy is a new block
-        alloc = self.allocator
         plan = tuple(PlannedRequest(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table)
                                     - (s.group is not None and s.num_scheduled_tokens > 0
                                        and shares_write_block(alloc, s)))
@@ -275,6 +276,7 @@ class Scheduler:
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
         s.num_scheduled_tokens = 0
+        s.spec_token_ids = []
         s.num_preemptions += 1
         self.num_preemptions += 1
         self.events.preempted.append(s)
@@ -309,7 +311,8 @@ class Scheduler:
         """The ragged batch for the model: every running request with tokens scheduled and KV slots for them."""
         seqs, prefill, decode = [], 0, 0
         for s in self.running:
-            q = min(s.num_scheduled_tokens, s.num_tokens - s.num_computed_tokens)  # (a stale plan can't overrun)
+            # (a stale plan can't overrun; proposals, if any, follow the last token)
+            q = min(s.num_scheduled_tokens, s.num_tokens + len(s.spec_token_ids) - s.num_computed_tokens)
             s.num_scheduled_tokens = max(q, 0)
             if q <= 0:
                 continue
@@ -317,33 +320,39 @@ class Scheduler:
                 self.events.tokens_without_kv += q
                 continue
             seqs.append(s)
-            if q == 1 and s.num_computed_tokens == s.num_tokens - 1:
-                decode += 1
+            if s.num_computed_tokens == s.num_tokens - 1:  # a decode (with its proposals: 1 + k tokens)
+                decode += q
             else:
                 prefill += q
         self.events.free_blocks_at_decode = self.allocator.num_free
         return SchedulerOutput(seqs, prefill, decode)
 
-    def update(self, out: SchedulerOutput, sampled: Iterable[int], now: float,
-               errors: Mapping[int, str] | None = None, logprobs: StepLogprobs | None = None) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: Iterable[int | list[int]], now: float, errors: Mapping[int, str]
+               | None = None, logprobs: StepLogprobs | None = None, stop_check: Callable | None = None) -> list[Sequence]:
         """After the forward pass: count the computed tokens and append one sampled token to each
         request whose prefill is complete (`sampled`: one id per draw, in batch order — `n` for a
         carrier whose prompt is now in, which forks into its samples here), with its log-probability
         if asked (`logprobs`, `inflight.engine.logprobs`). `errors[k]` says why the k-th draw gave no
         token: that sample ends with finish_reason "error" and the message, the others go on (so
-        does a stop check that fails)."""
+        does a stop check that fails). Speculation: a list of the tokens kept (`spec_decode.lookahead`)."""
         it = iter(sampled)
         touched = []
         k = -1
         for s, first, rows in logprobs.prompt if logprobs is not None else ():
             record_prompt(s, first, rows)
         for s in out.seqs:  # (the plan, num_scheduled_tokens, stays until the next budget replaces it)
-            s.num_computed_tokens += s.num_scheduled_tokens
-            if self.config.enable_prefix_caching:
+            spec, s.spec_token_ids = s.spec_token_ids, []
+            s.num_computed_tokens += s.num_scheduled_tokens - len(spec)  # (proposals count once accepted)
+            if self.config.enable_prefix_caching and not spec:
                 cache_full_blocks(self.allocator, s)
             if s.num_computed_tokens < s.num_tokens:
                 continue  # a prefill chunk: nothing to sample yet
             tokens = [next(it)] if s.group is None else [next(it) for _ in range(draws(s))]
+            if spec and take_verified(self, s, spec, tokens[0], now, logprobs.spec.get(k + 1) if logprobs else None,
+                                      stop_check):
+                k += 1
+                touched.append(s)
+                continue
             if s.finish_reason is not None:  # decoding a request that had already finished: wasted work
                 self.events.wasted_tokens += len(tokens)
                 k += len(tokens)
@@ -366,19 +375,12 @@ class Scheduler:
         computed, so the engine stands as if this batch had been planned but not run (the next step
         plans again; nothing leaks)."""
         for s in out.seqs:
-            keep = blocks_needed(s.num_computed_tokens, self.block_size)
-            if len(s.block_table) > keep:
-                self.allocator.free(s.block_table[keep:])
-                del s.block_table[keep:]
-
-    def sampling_mask(self, out: SchedulerOutput) -> list[bool]:
-        """Which requests of the batch sample a token this step (their prefill completes)."""
-        return [s.num_computed_tokens + s.num_scheduled_tokens == s.num_tokens for s in out.seqs]
+            keep_computed_blocks(self.allocator, s)
 
     def num_draws(self, out: SchedulerOutput) -> int:
         """Tokens the batch's sampling draws: one per request whose prefill completes, `n` for a
         carrier about to fork (what `update` then takes)."""
-        return sum(draws(s) for s, m in zip(out.seqs, self.sampling_mask(out)) if m)
+        return sum(draws(s) for s in out.seqs if s.num_computed_tokens + s.num_scheduled_tokens >= s.num_tokens)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the books don't balance (see `inflight.engine.invariants`)."""

@@ -61,6 +61,8 @@ class StepEvents:
     tokens_without_kv: int = 0      # scheduled tokens with no KV slot at decode time (dropped)
     wasted_tokens: int = 0          # tokens computed for requests that had already finished
     free_blocks_at_decode: int = 0
+    # speculative decoding: (proposals checked, proposals accepted) of each request that verified some
+    drafts: list[tuple[int, int]] = field(default_factory=list)
     budget: Budget | None = None
 
 

@@ -34,7 +34,7 @@ class Sequence:
                  "generator", "first_token_time", "token_times", "finish_time", "finish_reason", "seq_no",
                  "num_preemptions", "sort_key", "priority", "block_hashes", "num_cached_blocks",
                  "num_cached_tokens", "error", "first_scheduled_time", "detokenizer", "index", "group", "logprobs",
-                 "prompt_logprobs", "cumulative_logprob")
+                 "prompt_logprobs", "cumulative_logprob", "spec_token_ids")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams", arrival_time: float,
                  seq_no: int = 0, generator: "torch.Generator | None" = None):
@@ -76,6 +76,8 @@ class Sequence:
         self.logprobs: list | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
+        # speculative decoding (engine.spec_decode): this step's proposals, checked after its last token
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -18,10 +18,12 @@ import torch
 from inflight.model.llama import LlamaConfig, LlamaModel
 from inflight.model.tokenizer import ByteTokenizer, HFTokenizer
 
-__all__ = ["load_pretrained", "load_tiny", "load_tokenizer", "load_config", "SUPPORTED_ARCHITECTURES", "TINY_PATH"]
+__all__ = ["load_pretrained", "load_tiny", "load_tokenizer", "load_config", "SUPPORTED_ARCHITECTURES", "TINY_PATH", "DRAFT_PATH"]
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 TINY_PATH = Path(__file__).resolve().parent / "assets"
+#: the small draft model for speculative decoding with the tiny model (`train_tiny --draft`; chapter 12)
+DRAFT_PATH = TINY_PATH / "draft"
 _HUB_ID = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 META_INIT_MIN_PARAMS = 50_000_000  # above this, build the model on the meta device (no random init)

@@ -42,6 +42,15 @@ def tiny_config() -> LlamaConfig:
                        bos_token_id=256, eos_token_id=256)
 
 
+def draft_config() -> LlamaConfig:
+    """The shipped draft model's shape (speculative decoding, chapter 12): the tiny model's tokenizer,
+    vocabulary and context, 2 layers of hidden 128 (2 query heads sharing 1 KV head): 0.43M parameters."""
+    return LlamaConfig(vocab_size=257, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, rope_theta=10000.0,
+                       rms_norm_eps=1e-5, max_position_embeddings=512, tie_word_embeddings=False,
+                       bos_token_id=256, eos_token_id=256)
+
+
 def stdlib_functions(root: str | None = None, max_chars: int = 4000) -> list[str]:
     """Source of every function in the standard library (tests and GUIs excluded), files sorted."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
@@ -134,8 +143,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="stop early after this much training time (the report records the steps done)")
-    ap.add_argument("--out", type=Path, default=ASSETS)
-    return ap.parse_args(argv)
+    ap.add_argument("--draft", action="store_true",
+                    help="train the small draft model for speculative decoding (draft_config) into assets/draft/")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default: assets/, or assets/draft/ with --draft)")
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = ASSETS / "draft" if args.draft else ASSETS
+    return args
 
 
 def _lr_schedule(args: argparse.Namespace, t_train: float):
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_data, val_data, n_docs = build_corpus(args.seed)
     print(f"corpus: {n_docs} stdlib functions, {len(train_data):,} train / {len(val_data):,} val bytes "
           f"({time.time() - t0:.1f}s)")
-    model = LlamaModel(tiny_config())
+    model = LlamaModel(draft_config() if args.draft else tiny_config())
     print(f"model: {model.num_parameters() / 1e6:.2f}M parameters")
     steps_done, train_seconds = train(model, train_data, args)
     model.eval()

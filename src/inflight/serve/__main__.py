@@ -11,6 +11,7 @@ finish_reason "abort"), waits for the engine loop, and exits.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import socket
 import sys
@@ -38,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    p.add_argument("--speculative-config", default=None, type=_json_object,
+                   help='speculative decoding, as JSON with vLLM\'s keys: \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4}\' or \'{"method": "draft_model", "model": '
+                        '"inflight-tiny-draft", "num_speculative_tokens": 4}\' (chapter 12)')
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over this many worker processes (tensor parallelism: gloo on CPU, "
@@ -70,6 +75,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _json_object(text: str) -> dict:
+    """--speculative-config's value: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
     """The `LLMEngine` the flags describe, and the model name it is served as."""
     from inflight.engine.llm_engine import LLMEngine
@@ -78,7 +94,8 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
     knobs = dict(block_size=args.block_size, num_blocks=args.num_blocks,
                  max_batch_size=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
                  enable_chunked_prefill=args.enable_chunked_prefill, preemption=args.preemption_mode,
-                 enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len, seed=args.seed)
+                 enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len, seed=args.seed,
+                 speculative_config=getattr(args, "speculative_config", None))
     if args.tensor_parallel_size > 1:  # the driver keeps the scheduler; N workers hold the model's shards
         from inflight.model.loading import TINY_PATH
 
@@ -119,7 +136,7 @@ def run_server(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError, WorkerError) as exc:  # (FileNotFoundError is an OSError)
         print(f"python -m inflight.serve: error: {exc}", file=sys.stderr)
         return 2
-    metrics = ServerMetrics(name)
+    metrics = ServerMetrics(name, engine.speculator.k)
     aengine = AsyncEngine(engine, loop=args.engine_loop, observer=metrics, threads=threads,
                           stream_interval=args.stream_interval)
     sock.listen(2048)  # connections that come before uvicorn accepts (it starts after "ready") wait in the backlog

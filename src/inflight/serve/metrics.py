@@ -34,7 +34,8 @@ REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0
 class ServerMetrics:
     """The server's metrics (a registry of its own) and how each step updates them."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, num_speculative_tokens: int | None = None):
+        """`num_speculative_tokens`: the engine speculates (its k): the spec_decode counters are served too."""
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r, m = self.registry, [model_name]
@@ -70,6 +71,13 @@ class ServerMetrics:
                              REQUEST_BUCKETS)
         self.queue = histogram("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
                                REQUEST_BUCKETS)
+        self.spec = None
+        if num_speculative_tokens:  # vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py)
+            self.spec = (counter("spec_decode_num_drafts", "Number of spec decoding drafts."),
+                         counter("spec_decode_num_draft_tokens", "Number of draft tokens."),
+                         counter("spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+                         self._per_pos(r, labels, model_name, num_speculative_tokens))
+            self._spec_last = (0, 0, 0, [0] * num_speculative_tokens)
         self._seen: dict[str, int] = {}      # tokens of each running request already counted
         self._prefix = (0, 0)                # the engine's prefix-cache totals at the last step
 
@@ -83,6 +91,8 @@ class ServerMetrics:
         self.prefix_queries.inc(queries - self._prefix[0])
         self.prefix_hits.inc(hits - self._prefix[1])
         self._prefix = (queries, hits)
+        if self.spec is not None:
+            self._spec_step(engine.spec_decode_stats())
         for out in outputs:
             seen = self._seen.get(out.request_id, 0)
             times = out.token_times
@@ -102,6 +112,23 @@ class ServerMetrics:
                     self.queue.observe(out.queue_time)
             else:
                 self._seen[out.request_id] = len(times)
+
+    @staticmethod
+    def _per_pos(registry, labels, model_name, k):
+        c = Counter("inflight:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                    labels + ["position"], registry=registry)
+        return [c.labels(model_name, str(i)) for i in range(k)]
+
+    def _spec_step(self, st: dict) -> None:
+        if not st:
+            return
+        now = (st["spec_num_drafts"], st["spec_num_draft_tokens"], st["spec_num_accepted_tokens"],
+               st["spec_accepted_per_pos"])
+        for c, a, b in zip(self.spec[:3], now[:3], self._spec_last[:3]):
+            c.inc(a - b)
+        for c, a, b in zip(self.spec[3], now[3], self._spec_last[3]):
+            c.inc(a - b)
+        self._spec_last = (now[0], now[1], now[2], list(now[3]))
 
     def request_finished(self, reason: str | None) -> None:
         self._success.labels(self.model_name, reason or "abort").inc()
