@@ -50,9 +50,10 @@ def worker_main(cfg: dict, conn: Any) -> None:
     """The process's whole life (the target `MultiprocExecutor` spawns)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the driver handles it
     rank = cfg["rank"]
-    # sockets on loopback only (gloo and NCCL pick an interface themselves otherwise)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    loopback = _loopback_interface()  # sockets on loopback only (gloo and NCCL pick an interface themselves otherwise)
+    if loopback is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
     try:
         import torch
         import torch.distributed as dist
@@ -83,6 +84,17 @@ def worker_main(cfg: dict, conn: Any) -> None:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken group cannot always be left cleanly; the process ends anyway
             pass
+
+
+def _loopback_interface() -> str | None:
+    """The loopback interface's name: `lo` on Linux, `lo0` on macOS (None if there is none to name)."""
+    import socket
+
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    return next((n for n in names if n.startswith("lo")), None)
 
 
 def _report(conn: Any, rank: int) -> None:
