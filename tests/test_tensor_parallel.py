@@ -129,6 +129,15 @@ def test_more_ranks_than_the_machine_can_start_is_refused():
             check_startable(2, "cuda", 0)
 
 
+def test_disaggregation_is_refused_with_tensor_parallelism():
+    ex = MultiprocExecutor(TINY_PATH, 2, timeout=30)
+    try:
+        with pytest.raises(ValueError, match="not supported with tensor_parallel_size > 1"):
+            LLMEngine(ex, num_blocks=16, kv_connector=object())
+    finally:
+        ex.shutdown()
+
+
 def test_a_path_that_is_not_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError):
         LLMEngine.from_pretrained(tmp_path, tensor_parallel_size=2)

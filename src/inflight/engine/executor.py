@@ -41,7 +41,7 @@ import torch
 
 from inflight.engine.parallel_runner import ParallelKVCache, ParallelModelRunner, ParallelSwapper
 
-__all__ = ["MultiprocExecutor", "TensorParallelEngine", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper",
+__all__ = ["MultiprocExecutor", "TensorParallelEngine", "parallel_executor", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper",
            "WorkerError", "DEFAULT_TIMEOUT_S"]
 
 #: Seconds the driver waits for a step's replies (and the workers' collective timeout).
@@ -319,6 +319,17 @@ class MultiprocExecutor:
 
     def __call__(self, *args, **kwargs):  # (LLMEngine checks that its model is callable)
         raise TypeError("a MultiprocExecutor runs steps through LLMEngine, not by being called")
+
+
+def parallel_executor(model: Any, kv_connector: Any = None) -> MultiprocExecutor | None:
+    """`model` when it is a `MultiprocExecutor` (the engine is tensor-parallel), else None; refuses
+    what a tensor-parallel engine does not do: shipping KV to another engine (disaggregation)."""
+    if not isinstance(model, MultiprocExecutor):
+        return None
+    if kv_connector is not None:
+        raise ValueError("kv_connector (prefill/decode disaggregation) is not supported with tensor_parallel_size > 1: "
+                         "the KV cache lives in the worker processes, split by heads")
+    return model
 
 
 class TensorParallelEngine:

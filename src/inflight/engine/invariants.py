@@ -112,10 +112,12 @@ def check_scheduler(sched: "Scheduler") -> None:
         _check_prefix_cache(sched)
 
 
-def check_requests(sched: "Scheduler", requests: Iterable["Sequence"]) -> None:
-    """The engine holds exactly the unfinished requests: each one it holds is live in a queue, and
-    each live one is held (a request that ended has been handed out and forgotten)."""
-    live = {s.request_id for q in (sched.waiting, sched.running, sched.swapped) for s in q if s.finish_reason is None}
+def check_requests(sched: "Scheduler", requests: Iterable["Sequence"], arrived: Iterable["Sequence"] = ()) -> None:
+    """The engine holds exactly the unfinished requests: each one it holds is live in a queue (or,
+    prefilled by another engine, waiting for blocks here: `arrived`), and each live one is held (a
+    request that ended has been handed out and forgotten)."""
+    live = {s.request_id for q in (sched.waiting, sched.running, sched.swapped, arrived) for s in q
+            if s.finish_reason is None}
     tracked = {s.request_id: s for s in requests}
     ended = sorted(rid for rid, s in tracked.items() if request_finished(s))
     assert not ended, f"requests that ended are still held: {ended[:5]}"

@@ -21,19 +21,19 @@ import torch
 
 from inflight import checks
 from inflight.engine.engine_args import (allocate_pools, check_stats_window, check_tokenizer, engine_device,
-                                         eos_token_ids, model_attr)
-from inflight.engine.engine_args import id_key as _id_key, params_per_prompt as _params_per_prompt
+                                         eos_token_ids, id_key as _id_key, model_attr, params_per_prompt as _params_per_prompt)
 from inflight.engine.invariants import check_batch_writes, check_requests
+from inflight.engine.kv_transfer import admit_prefilled, check_payload, drop_arrived, ship_kv
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
-from inflight.engine.executor import MultiprocExecutor, ParallelModelRunner, TensorParallelEngine
+from inflight.engine.executor import ParallelModelRunner, TensorParallelEngine, parallel_executor
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks
 from inflight.engine.logprobs import StepLogprobs
 from inflight.engine.output_processor import request_heads, request_output_now, snapshot
-from inflight.engine.outputs import RequestOutput, RunTotals, StepStats
+from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, step_stats
 from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
-from inflight.engine.prefix_cache import prefix_cache_stats
+from inflight.engine.prefix_cache import cache_stats
 from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
@@ -68,7 +68,8 @@ class LLMEngine(TensorParallelEngine):
     A long-running engine keeps flat memory: it forgets a request once its final output has been
     returned (by `step()` or `generate()`, as vLLM does), `stats` holds the last `stats_window`
     steps (None: all of them) and `summary()` reads running totals over the engine's whole life.
-    `speculative_config`: speculative decoding, vLLM's keys (`inflight.engine.spec_decode`, chapter 12)."""
+    `speculative_config`: speculative decoding, vLLM's keys (`inflight.engine.spec_decode`). A `kv_connector`
+    ships finished requests' prompt KV; `add_prefilled_request` decodes on from one (`engine.kv_transfer`)."""
 
     def __init__(self, model: Any, *, block_size: int = 16, num_blocks: int | None = None, max_batch_size: int = 64,
                  max_batched_tokens: int | None = None, preemption: str = "recompute",
@@ -76,7 +77,7 @@ class LLMEngine(TensorParallelEngine):
                  debug: bool = False, device: str | torch.device | None = None, swap_blocks: int | None = None,
                  max_model_len: int | None = None, seed: int = 0, enable_prefix_caching: bool = False,
                  priority_aging: float | None = None, stats_window: int | None = 10_000,
-                 enforce_eager: bool = False, speculative_config: dict | None = None):
+                 enforce_eager: bool = False, speculative_config: dict | None = None, kv_connector: Any = None):
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
@@ -94,7 +95,7 @@ class LLMEngine(TensorParallelEngine):
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
         if max_batched_tokens is None:
             max_batched_tokens = max(512 if enable_chunked_prefill else self.max_model_len, max_batch_size)
-        self.executor = model if isinstance(model, MultiprocExecutor) else None  # tensor parallelism
+        self.executor = parallel_executor(model, kv_connector)  # tensor parallelism: the workers' driver, or None
         if num_blocks is None:  # (with tensor parallelism, what each device's memory holds of its own heads)
             num_blocks = (self.executor.determine_num_blocks if self.executor is not None else partial(
                 default_num_blocks, self.config, self.dtype, self.device))(self.block_size, max_batch_size, self.max_model_len)
@@ -124,9 +125,8 @@ class LLMEngine(TensorParallelEngine):
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
-        self._next_id = 0       # the next automatic request id
-        self._next_seq_no = 0   # submission order
-        self._step_no = 0
+        self.kv_connector, self._arrived = kv_connector, deque()  # disaggregation: KV out; (request, payload)s in
+        self._next_id = self._next_seq_no = self._step_no = 0  # the next automatic id, submission order, steps
 
     @property
     def num_blocks(self) -> int:
@@ -195,6 +195,16 @@ class LLMEngine(TensorParallelEngine):
             raise ValueError(f"request_id {request_id!r} is already in use")
         return request_id
 
+    def add_prefilled_request(self, payload: Any, sampling_params: SamplingParams | None = None,
+                              request_id: str | int | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request whose prompt another engine ran (`payload`: a `KVPayload`); it decodes on from
+        there (`inflight.engine.kv_transfer`). `max_tokens` counts the tokens already sampled; returns its id."""
+        check_payload(payload, self.kv_cache, self.config.vocab_size, sampling_params)
+        seq = self._make_sequence(payload.prompt_token_ids, sampling_params, request_id, arrival_time)
+        self.requests[seq.request_id] = seq
+        self._arrived.append((seq, payload))
+        return seq.request_id
+
     def abort_request(self, request_id: str | int) -> None:
         """Stop a request now — every one of its samples — and give its KV blocks back. An id the
         engine does not hold (unknown, or already finished) is ignored; an id that is not a str or an
@@ -202,6 +212,8 @@ class LLMEngine(TensorParallelEngine):
         seq = self.requests.get(_id_key(request_id))
         if seq is None:
             return
+        if drop_arrived(self._arrived, seq):  # (prefilled elsewhere, not admitted yet)
+            return self._forget(seq)
         now = time.perf_counter()
         for s in request_samples(seq):
             if s.finish_reason is None:  # (a sample that ended already leaves at the next reap, as it would)
@@ -214,7 +226,7 @@ class LLMEngine(TensorParallelEngine):
     def has_unfinished_requests(self) -> bool:
         """Whether a request still needs a step (or has a final output `step()` has yet to return).
         A pure query: it changes nothing."""
-        return bool(self._undelivered) or self.scheduler.has_unfinished()
+        return bool(self._undelivered or self._arrived) or self.scheduler.has_unfinished()
 
     # -- the iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -229,6 +241,7 @@ class LLMEngine(TensorParallelEngine):
     def _step(self) -> list[RequestOutput]:
         sched = self.scheduler
         t0 = time.perf_counter()
+        arrived = admit_prefilled(sched, self._arrived, self.kv_cache, self.eos_token_ids, self.max_model_len)
         events = sched.begin_step()
         sched.reap()                      # 1. reap
         self.speculator.propose(sched.running)  # (speculative decoding: proposals, before the budget)
@@ -251,8 +264,10 @@ class LLMEngine(TensorParallelEngine):
         sched.release_unused(SchedulerOutput(list(broken), 0, 0))  # (ended: they leave at the next reap)
         for s, why in broken.items():
             fail(s, f"the model's forward pass failed for it ({why})", now)
-        touched = sched.update(batch, tokens, now, failures, lps, self.speculator.stop_check) + list(broken)  # ... then the bookkeeping
+        touched = arrived + sched.update(batch, tokens, now, failures, lps, self.speculator.stop_check) + list(broken)  # ... then the bookkeeping
         self.speculator.record(events)
+        if self.kv_connector is not None:
+            ship_kv(self.kv_connector, self.kv_cache, touched)
         outs = self._outputs(touched, now)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
@@ -267,17 +282,8 @@ class LLMEngine(TensorParallelEngine):
 
     def _record(self, batch: SchedulerOutput, events: StepEvents, outs: list[RequestOutput], t0: float, t1: float,
                 times: StepTimes) -> None:
-        sched = self.scheduler
         self._step_no += 1
-        bookkeeping = time.perf_counter() - t1 - times.prepare - times.forward
-        st = StepStats(
-            step=self._step_no, batch_size=len(batch.seqs), num_prefill_tokens=batch.num_prefill_tokens,
-            num_decode_tokens=batch.num_decode_tokens, num_running=len(sched.running), num_waiting=len(sched.waiting),
-            num_swapped=len(sched.swapped), blocks_used=self.allocator.num_used, num_preempted=len(events.preempted),
-            blocks_swapped=events.blocks_swapped_out + events.blocks_swapped_in,
-            num_finished=sum(o.finished for o in outs),
-            schedule_time=t1 - t0, prepare_time=times.prepare, forward_time=times.forward,
-            sample_time=bookkeeping, start_time=t0)
+        st = step_stats(self._step_no, batch, self.scheduler, events, sum(o.finished for o in outs), t0, t1, times)
         self.stats.append(st)
         self.totals.add(st)
 
@@ -374,7 +380,7 @@ class LLMEngine(TensorParallelEngine):
     def check_invariants(self) -> None:
         """Scheduler invariants plus: the engine holds exactly the unfinished requests."""
         self.scheduler.check_invariants()
-        check_requests(self.scheduler, self.requests.values())
+        check_requests(self.scheduler, self.requests.values(), [s for s, _ in self._arrived])
 
     def summary(self) -> dict:
         """Totals over every step of the engine's life so far (seconds and counts)."""
@@ -383,7 +389,7 @@ class LLMEngine(TensorParallelEngine):
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache counters (zeros when caching is off): lookups, hits, tokens served, hit rate."""
-        return prefix_cache_stats(self.allocator)
+        return cache_stats(getattr(self.allocator, "stats", None))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block nobody holds (vLLM's `reset_prefix_cache`); a no-op when caching is off."""

@@ -10,13 +10,14 @@ The timing vocabulary, used the same way everywhere in the book:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Sequence as Seq
 
 if TYPE_CHECKING:  # pragma: no cover
     from inflight.engine.sequence import Sequence
 
-__all__ = ["RequestOutput", "CompletionOutput", "Logprob", "StepStats", "RunTotals", "request_output"]
+__all__ = ["RequestOutput", "CompletionOutput", "Logprob", "StepStats", "RunTotals", "request_output", "step_stats"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,20 @@ class StepStats:
     @property
     def step_time(self) -> float:
         return self.schedule_time + self.prepare_time + self.forward_time + self.sample_time
+
+
+def step_stats(step: int, batch, sched, events, num_finished: int, t0: float, t1: float, times) -> StepStats:
+    """The record of one step: its batch (`SchedulerOutput`), the scheduler's queues and pool after it,
+    its events, and its clock: `t0` its start, `t1` the end of scheduling, `times` the runner's parts
+    (what is left of the step after them is bookkeeping, recorded as `sample_time`)."""
+    bookkeeping = time.perf_counter() - t1 - times.prepare - times.forward
+    return StepStats(
+        step=step, batch_size=len(batch.seqs), num_prefill_tokens=batch.num_prefill_tokens,
+        num_decode_tokens=batch.num_decode_tokens, num_running=len(sched.running), num_waiting=len(sched.waiting),
+        num_swapped=len(sched.swapped), blocks_used=sched.allocator.num_used, num_preempted=len(events.preempted),
+        blocks_swapped=events.blocks_swapped_out + events.blocks_swapped_in, num_finished=num_finished,
+        schedule_time=t1 - t0, prepare_time=times.prepare, forward_time=times.forward, sample_time=bookkeeping,
+        start_time=t0)
 
 
 @dataclass

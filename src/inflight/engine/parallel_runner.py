@@ -29,6 +29,12 @@ class ParallelKVCache:
         self.bytes_per_block = bytes_per_block  # per device (its heads only)
         self.num_layers = executor.config.num_hidden_layers
 
+    def __getattr__(self, name: str) -> Any:  # (only for what this stand-in does not have: say why)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"the KV cache lives in the tensor-parallel workers: its {name!r} is not here "
+                             "(prefill/decode disaggregation is not supported with tensor_parallel_size > 1)")
+
     @property
     def bytes_per_token(self) -> int:
         return self.bytes_per_block // self.block_size

@@ -21,7 +21,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from inflight.checks import integer, show, token_ids as check_token_ids
 from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
@@ -29,7 +29,7 @@ from inflight.engine.block_manager import BlockAllocator, NoFreeBlocksError
 if TYPE_CHECKING:  # pragma: no cover
     from inflight.engine.sequence import Sequence as Request
 
-__all__ = ["PrefixCachingBlockAllocator", "prefix_cache_stats", "PrefixCacheStats", "block_key", "block_keys", "cacheable_prefix_len",
+__all__ = ["PrefixCachingBlockAllocator", "PrefixCacheStats", "cache_stats", "block_key", "block_keys", "cacheable_prefix_len",
            "ROOT_KEY", "sequence_block_keys", "cached_prefix", "cache_full_blocks"]
 
 #: The parent key of a sequence's first block.
@@ -79,6 +79,16 @@ class PrefixCacheStats:
     def hit_rate(self) -> float:
         """Fraction of lookup-able tokens served from the cache (0 when nothing was looked up)."""
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+def cache_stats(st: PrefixCacheStats | None) -> dict:
+    """An engine's prefix-cache counters from an allocator's stats (zeros when caching is off)."""
+    if st is None:
+        return {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_tokens": 0,
+                "prefix_cache_query_tokens": 0, "prefix_cache_hit_rate": 0.0, "prefix_cache_evictions": 0}
+    return {"prefix_cache_queries": st.requests, "prefix_cache_hits": st.requests_hit,
+            "prefix_cache_hit_tokens": st.hit_tokens, "prefix_cache_query_tokens": st.query_tokens,
+            "prefix_cache_hit_rate": st.hit_rate, "prefix_cache_evictions": st.evictions}
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
@@ -292,14 +302,3 @@ def cache_full_blocks(allocator: PrefixCachingBlockAllocator, seq: "Request") ->
         allocator.cache_block(seq.block_table[i], keys[i])  # False for a duplicate: it stays private
     seq.num_cached_blocks = full
 
-
-def prefix_cache_stats(allocator: Any) -> dict:
-    """The engine's prefix-cache counters (zeros for a pool without a cache): lookups, hits,
-    tokens served, hit rate, evictions."""
-    st = getattr(allocator, "stats", None)
-    if st is None:
-        return {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_tokens": 0,
-                "prefix_cache_query_tokens": 0, "prefix_cache_hit_rate": 0.0, "prefix_cache_evictions": 0}
-    return {"prefix_cache_queries": st.requests, "prefix_cache_hits": st.requests_hit,
-            "prefix_cache_hit_tokens": st.hit_tokens, "prefix_cache_query_tokens": st.query_tokens,
-            "prefix_cache_hit_rate": st.hit_rate, "prefix_cache_evictions": st.evictions}
