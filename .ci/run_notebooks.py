@@ -1,5 +1,9 @@
 """Execute notebooks top to bottom in a given Jupyter kernel; fail on any error; time each one.
 
+(CI's notebook stage is nbval, in the Colab-like runtime: .ci/colab and .ci/nbval_inflight.py. This
+nbclient driver is what `.ci/gpu` runs the notebooks on CUDA with, on a device image that has
+nbclient and no nbval.)
+
     python .ci/run_notebooks.py --python VENV/bin/python chapters/*.ipynb learner/*.ipynb
 
 `--python` registers a throwaway kernelspec for that interpreter, so the notebooks run in *its*

@@ -47,10 +47,28 @@ def test_there_are_chapters():
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_committed_without_outputs(path):
+    """Only the cells marked `# NBVAL_CHECK_OUTPUT` carry an output: the one nbval must see again
+    (with an execution count, or nbval refuses it as the output of a cell never run)."""
     for i, cell in enumerate(_cells(path)):
-        if cell["cell_type"] == "code":
+        if cell["cell_type"] == "code" and make_learner.checks_output(cell):
+            assert cell.get("outputs") and cell.get("execution_count") is not None, \
+                f"{path.name} cell {i} is marked NBVAL_CHECK_OUTPUT: commit the output it must give"
+            assert all(o["output_type"] == "stream" for o in cell["outputs"]), f"{path.name} cell {i}: text only"
+        elif cell["cell_type"] == "code":
             assert not cell.get("outputs"), f"{path.name} cell {i} has outputs: strip them before committing"
             assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+
+
+def test_the_lessons_deterministic_outputs_are_checked():
+    """The seed's worked examples (A, B, C on two slots; A and B under a memory budget) print what
+    the page says they print: nbval compares them (`# NBVAL_CHECK_OUTPUT`) in every run."""
+    marked = {p.name: [c for c in _cells(p) if make_learner.checks_output(c)] for p in CHAPTERS}
+    seed = "".join(t for c in marked["03_continuous_batching.ipynb"] for o in c["outputs"] for t in o["text"])
+    assert "processed ['A', 'B']" in seed and "processed ['A', 'C']" in seed
+    assert marked["04_memory_aware_admission.ipynb"], "chapter 4's memory-budget example is checked"
+    for path in LEARNER:  # the learner copy keeps them, so nbval checks them there too
+        kept = [c for c in _cells(path) if make_learner.checks_output(c)]
+        assert [c["outputs"] for c in kept] == [c["outputs"] for c in marked[path.name]], path.name
 
 
 def test_release_tag_is_the_package_version():

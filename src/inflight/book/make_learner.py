@@ -130,14 +130,25 @@ def learner_markdown(cell: dict, converter: myst.Converter, first_text: bool = T
     return cells
 
 
+CHECK_OUTPUT = "# NBVAL_CHECK_OUTPUT"
+
+
+def checks_output(cell: dict) -> bool:
+    """A code cell whose output is part of the lesson and deterministic: marked for nbval, which
+    compares what it prints with the output committed with it (the only outputs a chapter commits)."""
+    return cell.get("cell_type") == "code" and BEGIN not in _source(cell) and any(
+        line.strip() == CHECK_OUTPUT for line in _source(cell).splitlines())
+
+
 def learner_code(cell: dict) -> dict:
-    """A code cell with its solutions stubbed and outputs cleared; plumbing the book hides
+    """A code cell with its solutions stubbed and outputs cleared (but those nbval checks); plumbing the book hides
     (`hide-input`, `remove-input`, `remove-cell`) starts collapsed in JupyterLab too."""
     cell = copy.deepcopy(cell)
     text = _source(cell)
     cell["source"] = strip_solutions(text) if BEGIN in text else text
-    cell["outputs"] = []
-    cell["execution_count"] = None
+    if not checks_output(cell):  # (the output nbval checks stays, as in the chapter)
+        cell["outputs"] = []
+        cell["execution_count"] = None
     if HIDDEN_TAGS & set(cell.get("metadata", {}).get("tags", [])):
         cell["metadata"].setdefault("jupyter", {})["source_hidden"] = True
     return cell

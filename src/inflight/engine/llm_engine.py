@@ -82,6 +82,7 @@ class LLMEngine(TensorParallelEngine):
             raise TypeError(f"model must be an inflight LlamaModel (or obey its forward signature), got {type(model).__name__}")
         self.model, self.config, self.tokenizer = model, model.config, check_tokenizer(tokenizer)
         self.debug = checks.flag("debug", debug)
+        enable_chunked_prefill = checks.flag("enable_chunked_prefill", enable_chunked_prefill)  # (the budget reads it)
         self.block_size = checks.integer("block_size", block_size, minimum=1)
         watermark = checks.number("watermark", watermark, minimum=0.0)
         if watermark >= 1:
@@ -325,10 +326,9 @@ class LLMEngine(TensorParallelEngine):
     # -- batch API -------------------------------------------------------------------------------
     def generate(self, prompts: Seq[str] | Seq[Seq[int]] | str, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in prompt order. All prompts are validated before
-        any is queued, so a bad one raises (naming its index) and leaves the engine untouched.
-        Requests added earlier with `add_request` run alongside; those that end meanwhile have their
-        final outputs returned by the next `step()`."""
+        """Run every prompt to completion; outputs in prompt order. All are validated before any is queued
+        (a bad one raises, naming its index, and changes nothing). Requests added with `add_request` run
+        alongside; those that end meanwhile have their final outputs returned by the next `step()`."""
         prompts = checks.prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
         use_tqdm = checks.flag("use_tqdm", use_tqdm)
