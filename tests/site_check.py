@@ -44,7 +44,8 @@ CHROMIUM = "/usr/bin/chromium"
 # The chapters that must have an explorer (issue 21: every chapter).
 EXPLORER_CHAPTERS = ("01_why_batching", "02_static_batching", "03_continuous_batching", "04_memory_aware_admission",
                      "05_paged_kv_cache", "06_scheduler_loop", "07_serving", "08_sharing_and_fairness",
-                     "09_serving_over_the_network", "11_many_servers", "12_speculative_decoding")
+                     "09_serving_over_the_network", "10_tensor_parallelism", "11_many_servers",
+                     "12_speculative_decoding")
 EXPLORER_JS = ("plotly.min.js", "inflight_explorer.js")  # served by _ext/plotly_explorers.py
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run", "--disable-quic"]

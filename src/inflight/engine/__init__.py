@@ -18,6 +18,9 @@
 - `output_processor` a step's sequences into `RequestOutput`s: text, stop strings, snapshots
 - `invariants`    the debug checks that the books balance
 - `kv_transfer`   prefill/decode disaggregation: a request's KV out of one engine and into another
+- `executor`      tensor parallelism, the driver: `MultiprocExecutor` starts N workers and sends each step
+- `worker`        tensor parallelism, one worker process: its shard, the KV of its heads, its loop
+- `parallel_runner` the driver's stand-ins for the workers' KV cache, swapper and model runner
 
 The engine imports the model layer and nothing above it (`sim`, `bench`, `book`, `exercises`).
 """

@@ -14,7 +14,7 @@ from inflight.engine.sampling import SamplingParams
 from inflight.model.kv_cache import KVCache, kv_bytes_per_token
 
 __all__ = ["check_tokenizer", "engine_device", "model_attr", "check_stats_window", "eos_token_ids",
-           "allocate_kv_cache", "allocate_swapper", "id_key", "params_per_prompt"]
+           "allocate_kv_cache", "allocate_swapper", "allocate_pools", "id_key", "params_per_prompt"]
 
 
 def eos_token_ids(config: Any, tokenizer: Any) -> frozenset[int]:
@@ -78,6 +78,28 @@ def allocate_kv_cache(config: Any, num_blocks: int, block_size: int, dtype: torc
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"could not allocate a KV cache of {num_blocks} blocks of {block_size} tokens "
                          f"({size / 2**30:.2f} GiB) on {device}: {why}") from None
+
+
+def allocate_pools(config: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
+                   use_graphs: bool, prefix_caching: bool, preemption: str, swap_blocks: int | None,
+                   executor: Any = None) -> tuple:
+    """The KV cache — on the workers with tensor parallelism (`executor`), else here, with one extra
+    block past the allocator's pool for CUDA graphs' padding rows — the block allocator, and swap
+    preemption's CPU pool and swapper (None, None without swap): (kv_cache, allocator, cpu_pool, swapper)."""
+    from inflight.engine.block_manager import BlockAllocator
+    from inflight.engine.model_runner import default_swap_blocks
+    from inflight.engine.prefix_cache import PrefixCachingBlockAllocator
+
+    if executor is not None:
+        kv = executor.init_cache(num_blocks, block_size)
+    else:
+        kv = allocate_kv_cache(config, num_blocks + use_graphs, block_size, dtype, device)
+    allocator = (PrefixCachingBlockAllocator if prefix_caching else BlockAllocator)(num_blocks, block_size)
+    if preemption != "swap":
+        return kv, allocator, None, None
+    n_cpu = default_swap_blocks(kv) if swap_blocks is None else swap_blocks
+    swapper = executor.init_swap(n_cpu, kv) if executor is not None else allocate_swapper(kv, n_cpu)
+    return kv, allocator, BlockAllocator(n_cpu, block_size), swapper
 
 
 def allocate_swapper(kv: KVCache, num_cpu_blocks: int) -> KVSwapper:

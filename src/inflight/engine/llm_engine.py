@@ -14,25 +14,26 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from functools import partial
 from typing import Any, Sequence as Seq
 
 import torch
 
 from inflight import checks
-from inflight.engine.block_manager import BlockAllocator
-from inflight.engine.engine_args import (allocate_kv_cache, allocate_swapper, check_stats_window, check_tokenizer, engine_device,
+from inflight.engine.engine_args import (allocate_pools, check_stats_window, check_tokenizer, engine_device,
                                          eos_token_ids, id_key as _id_key, model_attr, params_per_prompt as _params_per_prompt)
 from inflight.engine.invariants import check_batch_writes, check_requests
 from inflight.engine.kv_transfer import admit_prefilled, check_payload, drop_arrived, ship_kv
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
+from inflight.engine.executor import ParallelModelRunner, TensorParallelEngine, parallel_executor
 from inflight.engine.detokenizer import IncrementalDetokenizer
-from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks, default_swap_blocks
+from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks
 from inflight.engine.logprobs import StepLogprobs
 from inflight.engine.output_processor import request_heads, request_output_now, snapshot
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, step_stats
 from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
-from inflight.engine.prefix_cache import PrefixCachingBlockAllocator, cache_stats
+from inflight.engine.prefix_cache import cache_stats
 from inflight.engine.priority import check_aging, priority_key
 from inflight.engine.sampling import SamplingParams, sample_seed
 from inflight.engine.scheduler import Scheduler, SchedulerConfig, StepEvents, SchedulerOutput
@@ -43,7 +44,7 @@ from inflight.model.sampler import Sampler, make_generator
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats", "EngineStalledError"]
 
 
-class LLMEngine:
+class LLMEngine(TensorParallelEngine):
     """Continuous batching over a paged KV cache (see the module docstring).
 
     `num_blocks=None` sizes the pool from memory (`model_runner.default_num_blocks`: on CUDA a
@@ -95,9 +96,10 @@ class LLMEngine:
         max_batch_size = checks.integer("max_batch_size", max_batch_size, minimum=1)
         if max_batched_tokens is None:
             max_batched_tokens = max(512 if enable_chunked_prefill else self.max_model_len, max_batch_size)
-        if num_blocks is None:
-            num_blocks = default_num_blocks(self.config, self.dtype, self.device, self.block_size, max_batch_size,
-                                            self.max_model_len)
+        self.executor = parallel_executor(model, kv_connector)  # tensor parallelism: the workers' driver, or None
+        if num_blocks is None:  # (with tensor parallelism, what each device's memory holds of its own heads)
+            num_blocks = (self.executor.determine_num_blocks if self.executor is not None else partial(
+                default_num_blocks, self.config, self.dtype, self.device))(self.block_size, max_batch_size, self.max_model_len)
         num_blocks = checks.integer("num_blocks", num_blocks, minimum=1)
         if swap_blocks is not None:
             swap_blocks = checks.integer("swap_blocks", swap_blocks, minimum=1, maximum=checks.INT64_MAX)
@@ -111,19 +113,15 @@ class LLMEngine:
         self.stats: deque[StepStats] = deque(maxlen=check_stats_window(stats_window))  # the last steps, one record each
         # on CUDA, decode steps replay CUDA graphs (`enforce_eager=True`: never); their padding rows
         # write to one extra block past the allocator's pool
-        use_graphs = wants_cuda_graphs(self.device, checks.flag("enforce_eager", enforce_eager))
-        self.kv_cache = allocate_kv_cache(self.config, num_blocks + use_graphs, self.block_size, self.dtype,
-                                          self.device)
-        pool = PrefixCachingBlockAllocator if self.enable_prefix_caching else BlockAllocator
-        self.allocator = pool(num_blocks, self.block_size)
-        cpu_pool, self.swapper = None, None
-        if preemption == "swap":
-            n_cpu = default_swap_blocks(self.kv_cache) if swap_blocks is None else swap_blocks
-            cpu_pool, self.swapper = BlockAllocator(n_cpu, self.block_size), allocate_swapper(self.kv_cache, n_cpu)
+        use_graphs = wants_cuda_graphs(self.device, checks.flag("enforce_eager", enforce_eager)) and self.executor is None
+        self.kv_cache, self.allocator, cpu_pool, self.swapper = allocate_pools(
+            self.config, num_blocks, self.block_size, self.dtype, self.device, use_graphs, self.enable_prefix_caching,
+            preemption, swap_blocks, self.executor)
         self.scheduler = Scheduler(self.allocator, sched_cfg, cpu_pool, self.swapper, self.kv_cache.copy_blocks)
         graphs = DecodeGraphRunner(model, self.kv_cache, max_batch_size=max_batch_size, max_model_len=self.max_model_len,
                                    scratch_block=num_blocks, capture=self.device.type == "cuda") if use_graphs else None
-        self.runner = ModelRunner(model, self.kv_cache, sampler, graphs)
+        self.runner = (ParallelModelRunner(self.executor, self.kv_cache, sampler) if self.executor is not None
+                       else ModelRunner(model, self.kv_cache, sampler, graphs))
         self.speculator = Speculator.build(speculative_config, self, num_blocks, max_batch_size)  # (k = 0: off)
         self.requests: dict[str, Sequence] = {}       # every request submitted whose final output is not out yet
         self.totals = RunTotals()                     # over the engine's whole life

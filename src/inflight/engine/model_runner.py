@@ -27,7 +27,7 @@ from inflight.model.sampler import Sampler
 from inflight.engine.thread_governor import ThreadGovernor
 from inflight.threads import adaptive_threads_wanted
 
-__all__ = ["ModelRunner", "StepInputs", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
+__all__ = ["ModelRunner", "StepInputs", "StepPlan", "plan_batch", "step_tensors", "StepTimes", "KVSwapper", "step_logprobs", "default_num_blocks", "default_swap_blocks",
            "CPU_DEFAULT_TOKENS_PER_REQUEST", "GPU_MEMORY_FRACTION"]
 
 #: On CPU, without `num_blocks`: enough blocks for `max_batch_size` requests of this many tokens each.
@@ -61,6 +61,55 @@ class StepTimes:
     sample: float = 0.0
 
 
+@dataclass
+class StepPlan:
+    """One step's batch as plain lists — what a tensor-parallel driver sends to every worker
+    (`inflight.engine.executor`), each of which builds the same tensors from it (`step_tensors`)."""
+
+    input_ids: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
+
+
+def plan_batch(batch: SchedulerOutput) -> tuple[StepPlan, list[Sequence], list[tuple[Sequence, int, int]], int]:
+    """The batch flattened (see `ModelRunner.prepare`), the requests sampled, the prompt rows wanted
+    for log-probabilities, and how many rows those are (after them in `logits_indices`: the rows of
+    each verifying request's proposals, in order — speculative decoding)."""
+    input_ids: list[int] = []
+    query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
+    prompt_idx, prompt_requests, spec_idx = [], [], []
+    for s in batch.seqs:
+        q, done, spec = s.num_scheduled_tokens, s.num_computed_tokens, s.spec_token_ids
+        start = len(input_ids)
+        input_ids.extend(s.token_ids[done:done + q - len(spec)])
+        input_ids.extend(spec)  # (speculative decoding: the proposals follow the last token)
+        query_lens.append(q)
+        context_lens.append(done + q)
+        tables.append(s.block_table)
+        if done + q == s.num_tokens + len(spec):  # prompt complete (or a decode): its last row gives the next token
+            logits_idx.append(len(input_ids) - 1 - len(spec))
+            sampling.append(s)
+            spec_idx.extend(range(len(input_ids) - len(spec), len(input_ids)))  # each proposal's row
+        if s.prompt_logprobs is not None:  # (asked for them: the rows of its prompt tokens too)
+            first, count = prompt_rows(s)
+            if count:
+                prompt_idx.extend(range(start + first, start + first + count))
+                prompt_requests.append((s, done + first, count))
+    plan = StepPlan(input_ids, query_lens, context_lens, tables, logits_idx + prompt_idx + spec_idx)
+    return plan, sampling, prompt_requests, len(prompt_idx)
+
+
+def step_tensors(plan: StepPlan, block_size: int, device: torch.device
+                 ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """The step's token ids, attention metadata (positions included) and logits rows, on `device`."""
+    meta = AttentionMetadata.build(plan.query_lens, plan.context_lens, plan.block_tables, block_size, device)
+    ids = torch.tensor(plan.input_ids, dtype=torch.long).to(device, non_blocking=True)
+    idx = torch.tensor(plan.logits_indices, dtype=torch.long).to(device, non_blocking=True)
+    return ids, meta, idx
+
+
 class ModelRunner:
     """Runs scheduled batches through `model` over `kv_cache` and samples the next tokens."""
 
@@ -77,30 +126,9 @@ class ModelRunner:
     def prepare(self, batch: SchedulerOutput) -> StepInputs:
         """Flatten the ragged batch: each request contributes its tokens from `num_computed_tokens`
         on (a prefill chunk, or the one new token of a decode), and is sampled if that reaches its end."""
-        input_ids: list[int] = []
-        query_lens, context_lens, tables, logits_idx, sampling = [], [], [], [], []
-        prompt_idx, prompt_requests, spec_idx = [], [], []
-        for s in batch.seqs:
-            q, done, spec = s.num_scheduled_tokens, s.num_computed_tokens, s.spec_token_ids
-            start = len(input_ids)
-            input_ids.extend(s.token_ids[done:done + q - len(spec)])
-            input_ids.extend(spec)  # (speculative decoding: the proposals follow the last token)
-            query_lens.append(q)
-            context_lens.append(done + q)
-            tables.append(s.block_table)
-            if done + q == s.num_tokens + len(spec):  # prompt complete (or a decode): its last row gives the next token
-                logits_idx.append(len(input_ids) - 1 - len(spec))
-                sampling.append(s)
-                spec_idx.extend(range(len(input_ids) - len(spec), len(input_ids)))  # each proposal's row
-            if s.prompt_logprobs is not None:  # (asked for them: the rows of its prompt tokens too)
-                first, count = prompt_rows(s)
-                if count:
-                    prompt_idx.extend(range(start + first, start + first + count))
-                    prompt_requests.append((s, done + first, count))
-        meta = AttentionMetadata.build(query_lens, context_lens, tables, self.kv_cache.block_size, self.device)
-        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        idx = torch.tensor(logits_idx + prompt_idx + spec_idx, dtype=torch.long).to(self.device, non_blocking=True)
-        return StepInputs(ids, meta.positions, meta, idx, sampling, prompt_requests, len(prompt_idx))
+        plan, sampling, prompt_requests, n_prompt = plan_batch(batch)
+        ids, meta, idx = step_tensors(plan, self.kv_cache.block_size, self.device)
+        return StepInputs(ids, meta.positions, meta, idx, sampling, prompt_requests, n_prompt)
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> tuple[list[int], dict[int, str], StepTimes, StepLogprobs]:

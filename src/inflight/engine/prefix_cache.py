@@ -301,3 +301,4 @@ def cache_full_blocks(allocator: PrefixCachingBlockAllocator, seq: "Request") ->
     for i in range(seq.num_cached_blocks, full):
         allocator.cache_block(seq.block_table[i], keys[i])  # False for a duplicate: it stays private
     seq.num_cached_blocks = full
+

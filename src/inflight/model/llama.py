@@ -24,6 +24,7 @@ from inflight.model import fused_ops, skinny_gemm
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
+from inflight.model.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
 
 __all__ = ["LlamaConfig", "LlamaModel", "RMSNorm"]
 
@@ -135,18 +136,28 @@ def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) on the serving path: a step with a few rows takes the skinny-GEMM kernel (`skinny_gemm`)."""
-    return skinny_gemm.linear(x, layer.weight, layer.bias)
+    """layer(x) on the serving path: a step with a few rows takes the skinny-GEMM kernel (`skinny_gemm`).
+    A row-parallel layer's partial result is then all-reduced (`inflight.model.parallel`)."""
+    y = skinny_gemm.linear(x, layer.weight, layer.bias)
+    return layer.reduce(y) if isinstance(layer, RowParallelLinear) else y
+
+
+def _column(tp: TPGroup | None, in_f: int, out_f: int, bias: bool) -> nn.Linear:
+    return nn.Linear(in_f, out_f, bias=bias) if tp is None else ColumnParallelLinear(in_f, out_f, bias, tp)
+
+
+def _row(tp: TPGroup | None, in_f: int, out_f: int, bias: bool) -> nn.Linear:
+    return nn.Linear(in_f, out_f, bias=bias) if tp is None else RowParallelLinear(in_f, out_f, bias, tp)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int, tp: TPGroup | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qkv_proj = _column(tp, cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias)
+        self.o_proj = _row(tp, self.q_size, cfg.hidden_size, cfg.attention_bias)
         self.scale = self.head_dim ** -0.5
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -170,23 +181,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup | None = None):
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = _column(tp, cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
+        self.down_proj = _row(tp, cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
 
     def forward(self, x):
         return _linear(self.down_proj, fused_ops.silu_and_mul(_linear(self.gate_up_proj, x)))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int, tp: TPGroup | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = Attention(cfg, layer_idx, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, residual, cos, sin, meta, kv_cache, backend):
         """The serving pass, with the residual stream kept apart as vLLM does: `x` is the previous
@@ -207,13 +218,18 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     """The decoder plus its LM head. `forward` serves ragged batches over a KV cache;
-    `forward_dense` is the plain causal pass used for training."""
+    `forward_dense` is the plain causal pass used for training.
 
-    def __init__(self, config: LlamaConfig):
+    With `tp` (tensor parallelism, `inflight.model.parallel`), this is one rank's shard: `config` is
+    the *local* one (`inflight.model.sharding.local_config`: this rank's heads and MLP columns), o/down
+    are row-parallel (an all-reduce each), and only rank 0 computes logits (the others return None)."""
+
+    def __init__(self, config: LlamaConfig, tp: TPGroup | None = None):
         super().__init__()
         self.config = config
+        self.tp = tp
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
@@ -247,7 +263,7 @@ class LlamaModel(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
-                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor | None:
         """Flattened ragged batch `input_ids [T]`, `positions [T]` -> float32 logits of the rows in
         `logits_indices` (usually each sequence's last token) or of every token."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
@@ -261,6 +277,8 @@ class LlamaModel(nn.Module):
         cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, meta, kv_cache, self.attention_backend)
+        if self.tp is not None and self.tp.rank != 0:
+            return None  # (the LM head is replicated: rank 0's logits are everybody's)
         if logits_indices is not None:  # the LM head only where a token will be sampled
             x, residual = x[logits_indices], residual[logits_indices]
         x, _ = self.norm(x, residual)

@@ -2,6 +2,7 @@
 
     python -m inflight.serve                       # the shipped tiny model on http://127.0.0.1:8000/v1
     python -m inflight.serve --model PATH_OR_HUB_ID --port 8001 --max-num-seqs 32 --enable-prefix-caching
+    python -m inflight.serve --tensor-parallel-size 2  # the model split over two worker processes
 
 It prints `inflight: serving MODEL at URL` once it accepts requests (with `--port 0`, a free port
 the system picks). Ctrl-C or SIGTERM aborts what is in flight (each stream ends with
@@ -43,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         '"num_speculative_tokens": 4}\' or \'{"method": "draft_model", "model": '
                         '"inflight-tiny-draft", "num_speculative_tokens": 4}\' (chapter 12)')
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model over this many worker processes (tensor parallelism: gloo on CPU, "
+                        "one GPU each on CUDA)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the engine loop (default: the policy "
                    "of inflight.threads)")
@@ -61,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be between 0 and 65535, got {args.port}")
     for flag, value in (("--max-waiting", args.max_waiting), ("--max-body-bytes", args.max_body_bytes),
-                        ("--stream-interval", args.stream_interval)):
+                        ("--stream-interval", args.stream_interval), ("--tensor-parallel-size", args.tensor_parallel_size)):
         if value is not None and value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
     if args.api_key is not None and not args.api_key.strip():
@@ -87,17 +91,25 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
     from inflight.engine.llm_engine import LLMEngine
     from inflight.model.loading import load_pretrained, load_tiny
 
+    knobs = dict(block_size=args.block_size, num_blocks=args.num_blocks,
+                 max_batch_size=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
+                 enable_chunked_prefill=args.enable_chunked_prefill, preemption=args.preemption_mode,
+                 enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len, seed=args.seed,
+                 speculative_config=getattr(args, "speculative_config", None))
+    if args.tensor_parallel_size > 1:  # the driver keeps the scheduler; N workers hold the model's shards
+        from inflight.model.loading import TINY_PATH
+
+        engine = LLMEngine.from_pretrained(TINY_PATH if args.model is None else args.model,
+                                           tensor_parallel_size=args.tensor_parallel_size,
+                                           device=args.device or ("cpu" if args.model is None else None), **knobs)
+        return engine, args.served_model_name or ("inflight-tiny" if args.model is None else args.model)
     if args.model is None:
         model, tokenizer = load_tiny(device=args.device or "cpu")
         name = "inflight-tiny"
     else:
         model, tokenizer = load_pretrained(args.model, device=args.device, with_tokenizer=True)
         name = args.model
-    engine = LLMEngine(model, tokenizer=tokenizer, block_size=args.block_size, num_blocks=args.num_blocks,
-                       max_batch_size=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
-                       enable_chunked_prefill=args.enable_chunked_prefill, preemption=args.preemption_mode,
-                       enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
-                       seed=args.seed, speculative_config=getattr(args, "speculative_config", None))
+    engine = LLMEngine(model, tokenizer=tokenizer, **knobs)
     return engine, args.served_model_name or name
 
 
@@ -109,6 +121,7 @@ def run_server(args: argparse.Namespace) -> int:
     from inflight.serve.framing import json_400_protocol
     from inflight.serve.metrics import ServerMetrics
     from inflight.threads import configure_threads
+    from inflight.engine.executor import WorkerError
 
     try:  # a model that cannot load, an engine setting it refuses, an address that cannot be bound: one line
         threads = configure_threads(args.threads).threads  # (the engine loop's thread takes the same count)
@@ -120,7 +133,7 @@ def run_server(args: argparse.Namespace) -> int:
             sock.bind((args.host, args.port))
         except OSError as exc:
             raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
-    except (ValueError, TypeError, OSError) as exc:  # (FileNotFoundError is an OSError)
+    except (ValueError, TypeError, OSError, WorkerError) as exc:  # (FileNotFoundError is an OSError)
         print(f"python -m inflight.serve: error: {exc}", file=sys.stderr)
         return 2
     metrics = ServerMetrics(name, engine.speculator.k)
@@ -137,8 +150,11 @@ def run_server(args: argparse.Namespace) -> int:
                     max_body_bytes=args.max_body_bytes, on_ready=ready)
     _log_to_stderr(args.log_level)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, http=json_400_protocol())
-    server = _server(config, aengine)
-    server.run(sockets=[sock])
+    server = _server(config, aengine, engine)
+    try:
+        server.run(sockets=[sock])
+    finally:  # (tensor parallelism: the worker processes end with the server)
+        engine.shutdown()
     return 0
 
 
@@ -152,15 +168,24 @@ def _log_to_stderr(level: str) -> None:
     log.propagate = False
 
 
-def _server(config: Any, aengine: Any) -> Any:
+def _server(config: Any, aengine: Any, engine: Any = None) -> Any:
     """uvicorn's server, told to end the engine's requests as soon as a shutdown signal comes (so
-    open streams finish with "abort" instead of holding the shutdown until they are done)."""
+    open streams finish with "abort" instead of holding the shutdown until they are done), and to
+    stop the engine's worker processes once it has shut down (tensor parallelism) — before uvicorn
+    re-raises the signal it caught, which ends the process at once."""
     import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             aengine.stop()
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if engine is not None:
+                    engine.shutdown()
 
     return Server(config)
 
