@@ -257,9 +257,7 @@ class MultiprocExecutor:
                         self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) died "
                                    f"(exit code {proc.exitcode})")
                     if msg[0] == "error":
-                        silent = [r for r in waiting if r != rank and not self._conns[r].poll(0)]
-                        also = f" (rank(s) {silent} had not answered: hung or dead?)" if silent else ""
-                        self._fail(f"tensor-parallel worker rank {msg[1]} failed{also}:\n{msg[2].rstrip()}")
+                        self._fail(self._errors_report(msg, [r for r in waiting if r != rank]))
                     if step_id is not None and msg[0] == "out" and msg[1] != step_id:
                         continue  # the answer to a step the driver stopped waiting for (Ctrl-C)
                     if msg[0] != kind:
@@ -269,6 +267,23 @@ class MultiprocExecutor:
                     proc.join(1.0)
                     self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) died (exit code {proc.exitcode})")
         return [replies[r] for r in range(len(self._conns))]
+
+    def _errors_report(self, first: tuple, others: list[int]) -> str:
+        """Why the engine stops: the first error and those other ranks post within 0.5 s, the cause first (a rank
+        that raised leaves its peers failing in the all-reduce it never joined; theirs can come first)."""
+        errors, grace = [first], time.monotonic() + 0.5
+        for r in others:
+            try:
+                msg = self._conns[r].recv() if self._conns[r].poll(max(0.0, grace - time.monotonic())) else ("",)
+            except (EOFError, OSError):
+                continue
+            errors += [msg] if msg[0] == "error" else []
+        follow = ("gloo", "nccl", "connection closed", "connection reset", "broken pipe", "timed out")
+        errors.sort(key=lambda m: any(w in m[2].lower() for w in follow))  # (stable: first come stays first)
+        silent = [r for r in others if r not in {m[1] for m in errors}]
+        also = f" (rank(s) {silent} had not answered: hung or dead?)" if silent else ""
+        return "\n".join(f"tensor-parallel worker rank {m[1]} failed{also if i == 0 else ''}:\n{m[2].rstrip()}"
+                         for i, m in enumerate(errors))
 
     def _fail(self, why: str) -> None:
         self.dead = why
