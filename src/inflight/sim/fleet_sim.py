@@ -149,12 +149,10 @@ def simulate_fleet(policy: str, num_replicas: int, service: ServiceModel, *, num
     n = num_replicas
     starts = np.cumsum(rng.exponential(1 / (session_rate or 0.5 * n), num_sessions))
     systems = rng.integers(num_system_prompts, size=num_sessions).tolist()
-    ring_points, ring_owner = np.sort(rng.random(n * 40)), rng.permutation(np.repeat(np.arange(n), 40))
-    owner = ring_owner[np.searchsorted(ring_points, rng.random(num_sessions)) % len(ring_points)].tolist()
-    coin = rng.integers(0, n, size=(num_sessions * turns, 2)).tolist()
     prompts = session_prompt_tokens(system_len, question_len, output_len, turns)
     sys_blocks = system_len // block_size
     fleet = _Replicas(n, cache_blocks, systems, sys_blocks)
+    route = _router(policy, fleet, rng, num_sessions * turns, cache_threshold, balance_abs, balance_rel)
     events = [(float(t), 0, s, 0, -1) for s, t in enumerate(starts)]  # (time, 0 arrives / 1 finishes, session, turn, replica)
     heapq.heapify(events)
     ttft, wait, tpot, hits, k = [], [], [], 0, 0
@@ -166,15 +164,7 @@ def simulate_fleet(policy: str, num_replicas: int, service: ServiceModel, *, num
                 heapq.heappush(events, (now + think_s, 0, s, t + 1, -1))
             continue
         prompt = prompts[t]
-        if policy == "round_robin":
-            i = k % n
-        elif policy == "power_of_two":
-            a, b = coin[k]
-            i = a if fleet.inflight[a] <= fleet.inflight[b] else b
-        elif policy == "consistent_hash":
-            i = owner[s]
-        else:
-            i = fleet.cache_aware(s, prompt / block_size, cache_threshold, balance_abs, balance_rel)
+        i = route(k, s, prompt / block_size)
         k += 1
         hit = min(fleet.cached(i, s) * block_size, prompt)
         hits += hit
@@ -191,6 +181,23 @@ def simulate_fleet(policy: str, num_replicas: int, service: ServiceModel, *, num
         fleet.put(i, ("sess", s), (prompt + output_len) // block_size - sys_blocks)
         heapq.heappush(events, (first + output_len * tpot[-1], 1, s, t, i))
     return _summary(policy, n, np.asarray(ttft), np.asarray(wait), tpot, hits / (num_sessions * sum(prompts)), np.asarray(fleet.served))
+
+
+def _router(policy: str, fleet: _Replicas, rng, num_requests: int, threshold: float, balance_abs: int,
+            balance_rel: float):
+    """`route(k, session, prompt_blocks)` -> the replica for the `k`-th request, by `policy`."""
+    n, sessions = len(fleet.caches), len(fleet.systems)
+    if policy == "round_robin":
+        return lambda k, s, blocks: k % n
+    if policy == "power_of_two":
+        coin = rng.integers(0, n, size=(num_requests, 2)).tolist()
+        load = fleet.inflight
+        return lambda k, s, blocks: coin[k][0] if load[coin[k][0]] <= load[coin[k][1]] else coin[k][1]
+    if policy == "consistent_hash":  # each session's hash on a ring of 40 points per replica
+        points, owners = np.sort(rng.random(n * 40)), rng.permutation(np.repeat(np.arange(n), 40))
+        owner = owners[np.searchsorted(points, rng.random(sessions)) % len(points)].tolist()
+        return lambda k, s, blocks: owner[s]
+    return lambda k, s, blocks: fleet.cache_aware(s, blocks, threshold, balance_abs, balance_rel)
 
 
 def _summary(policy, n, ttft, wait, tpot, hit_rate, served) -> dict:
