@@ -83,3 +83,22 @@ def test_a_bigger_cache_hits_no_less_and_a_bad_policy_is_refused():
     assert big >= small
     with pytest.raises(ValueError):
         simulate_fleet("random_walk", 2, SVC)
+
+
+def test_at_the_real_fleets_size_it_reproduces_the_committed_run():
+    # chapter 11's check, with the decode step taken flat at the run's own median TPOT (the chapter fits
+    # it from a live sweep): hit rates within 0.15 of the measured ones, round robin's median TTFT the worst
+    run = json.loads((ROOT / "results" / "fleet_cpu.json").read_text())
+    st, pre = run["settings"], fit_prefill(run)
+    tpot = run["policies"][0]["p50_tpot_ms"] / 1e3
+    svc = ServiceModel(pre["prefill_base_s"], pre["prefill_s_per_token"], tpot, 0.0)
+    sim = {}
+    for r in run["policies"]:
+        runs = [simulate_fleet(r["policy"], st["replicas"], svc, num_sessions=st["sessions"], session_rate=st["session_rate"],
+                               turns=st["turns"], num_system_prompts=st["system_prompts"], system_len=st["system_len"],
+                               question_len=st["question_len"], output_len=st["output_len"], cache_blocks=st["num_blocks"],
+                               seed=k) for k in range(10)]
+        sim[r["policy"]] = {k: sum(x[k] for x in runs) / len(runs) for k in ("hit_rate", "p50_ttft_s")}
+        assert abs(sim[r["policy"]]["hit_rate"] - r["hit_rate"]) <= 0.15, (r["policy"], sim[r["policy"]], r["hit_rate"])
+    for sticky in ("cache_aware", "consistent_hash"):
+        assert sim["round_robin"]["p50_ttft_s"] > sim[sticky]["p50_ttft_s"]

@@ -83,13 +83,16 @@ def fit_decode(rows: list[dict], output_len: int) -> dict:
 
 
 class _Replicas:
-    """The fleet's state: each replica's LRU prefix cache (key -> blocks), who holds each key,
-    requests in flight, when its processor is free, requests served."""
+    """The fleet's state: each replica's LRU prefix cache (key -> blocks), who holds each key, the
+    router's own record of the prompts it sent each replica (key -> {replica: blocks}, never evicted:
+    vllm-router's radix tree, trimmed only every 120 s), requests in flight, when each processor is
+    free, requests served."""
 
     def __init__(self, n: int, cache_blocks: int, systems, sys_blocks: int):
         self.caches = [OrderedDict() for _ in range(n)]
         self.used = [0] * n
         self.holders: dict[tuple, dict[int, int]] = {}
+        self.sent: dict[tuple, dict[int, int]] = {}
         self.inflight = np.zeros(n, dtype=np.int64)
         self.free_at = [0.0] * n
         self.served = [0] * n
@@ -99,6 +102,16 @@ class _Replicas:
         """Blocks of session `s`'s next prompt replica `i` holds: its system prompt, then its history."""
         c = self.caches[i]
         return 0 if ("sys", self.systems[s]) not in c else self.sys_blocks + c.get(("sess", s), 0)
+
+    def tree_match(self, i: int, s: int) -> int:
+        """Blocks of session `s`'s next prompt the router's record says replica `i` was sent."""
+        if i not in self.sent.get(("sys", self.systems[s]), ()):
+            return 0
+        return self.sys_blocks + self.sent.get(("sess", s), {}).get(i, 0)
+
+    def record(self, i: int, s: int, prompt_blocks: int) -> None:
+        self.sent.setdefault(("sys", self.systems[s]), {})[i] = self.sys_blocks
+        self.sent.setdefault(("sess", s), {})[i] = prompt_blocks - self.sys_blocks
 
     def put(self, i: int, key: tuple, blocks: int) -> None:
         c = self.caches[i]
@@ -115,9 +128,9 @@ class _Replicas:
         lo, hi = int(np.argmin(load)), int(load.max())
         if hi - load[lo] > balance_abs and hi > balance_rel * max(load[lo], 1):
             return lo
-        cands = self.holders.get(("sess", s)) or self.holders.get(("sys", self.systems[s])) or {}
-        best = max(cands, key=lambda j: (self.cached(j, s), -load[j]), default=None)
-        return best if best is not None and self.cached(best, s) / prompt_blocks > threshold else lo
+        cands = self.sent.get(("sess", s)) or self.sent.get(("sys", self.systems[s])) or {}
+        best = max(cands, key=lambda j: (self.tree_match(j, s), -load[j]), default=None)
+        return best if best is not None and self.tree_match(best, s) / prompt_blocks > threshold else lo
 
 
 def simulate_fleet(policy: str, num_replicas: int, service: ServiceModel, *, num_sessions: int = 2000,
@@ -140,8 +153,8 @@ def simulate_fleet(policy: str, num_replicas: int, service: ServiceModel, *, num
     power_of_two and cache_aware) is requests in flight, as vllm-router counts it. cache_aware (with
     vllm-router's defaults): the idlest replica if the busiest has more than `balance_abs` requests
     over it and `balance_rel` times it; else the longest cached prefix if it covers more than
-    `cache_threshold` of the prompt, else the idlest (its radix tree taken to know the caches
-    exactly). consistent_hash: the session on a ring of 40 points per replica. Deterministic for a seed."""
+    `cache_threshold` of the prompt, else the idlest — the prefix as the router's own record of
+    the prompts it sent says, not as the caches, which evict, hold it. consistent_hash: the session on a ring of 40 points per replica. Deterministic for a seed."""
     if policy not in ROUTING_POLICIES:
         raise ValueError(f"policy must be one of {ROUTING_POLICIES}, got {policy!r}")
     number("num_replicas", num_replicas, above=0)
@@ -177,6 +190,7 @@ def simulate_fleet(policy: str, num_replicas: int, service: ServiceModel, *, num
         tpot.append(service.step_s(batch))
         fleet.inflight[i] += 1
         fleet.served[i] += 1
+        fleet.record(i, s, prompt // block_size)
         fleet.put(i, ("sys", systems[s]), sys_blocks)
         fleet.put(i, ("sess", s), (prompt + output_len) // block_size - sys_blocks)
         heapq.heappush(events, (first + output_len * tpot[-1], 1, s, t, i))
