@@ -67,6 +67,7 @@ def test_an_abort_that_comes_after_the_end_counts_nothing_twice(tiny):
     from inflight import SamplingParams
     from inflight.serve.async_engine import AsyncEngine
     from inflight.serve.metrics import ServerMetrics
+    from inflight.serve.output_collector import StreamDelta
 
     prom = ServerMetrics("m")
 
@@ -74,15 +75,18 @@ def test_an_abort_that_comes_after_the_end_counts_nothing_twice(tiny):
         ae = AsyncEngine(_engine(tiny), observer=prom)
         await ae.start()
         ids, params = ae.engine.check_request(PROMPT, SamplingParams(max_tokens=3, ignore_eos=True))
-        deltas = ae.generate(ids, params, "r")
-        await deltas.__anext__()
-        while ae.engine.requests:  # it has ended in the engine; its end is unread
+        stream = ae.add_request(ids, params, "r")
+        # nothing read until it has ended in the engine: its end is unread (reading a first delta
+        # instead raced the loop: on a quick machine all three tokens, end included, came as one)
+        while not (isinstance(stream.collector.output, StreamDelta) and stream.collector.output.finished):
+            assert ae.dead is None, ae.dead
             await asyncio.sleep(0.01)
         other, one = ae.engine.check_request("x = 1", SamplingParams(max_tokens=1))
         assert [d.finish_reason async for d in ae.generate(other, one, "other")] == ["length"]  # a prefill step
         steps = ae.snapshot.steps
-        await deltas.aclose()  # the client leaves: an abort for a request that is over
+        stream.close()  # the client leaves: an abort for a request that is over
         while ae.snapshot.steps == steps:  # (the loop has handled it)
+            assert ae.dead is None, ae.dead
             await asyncio.sleep(0.01)
         await ae.shutdown()
         return len(ids) + len(other)
