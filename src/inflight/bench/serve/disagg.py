@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inflight.bench.serve.process import stop_process
 from inflight.serve.frames import recv_frame, send_frame
 
 __all__ = ["Role", "start_role", "MixedRequest", "mixed_workload", "run_arrangement", "main"]
@@ -60,13 +60,7 @@ class Role:
         self.addr = (m.group(1), int(m.group(2)))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
+        stop_process(self.proc, 30)
 
 
 def start_role(role: str, args: list[str] = (), log_dir: Path | None = None) -> Role:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from inflight.bench.serve.process import ServerHandle, free_port, start_inflight
+from inflight.bench.serve.process import ServerHandle, free_port, start_inflight, stop_process
 
 __all__ = ["Fleet", "router_executable", "POLICIES", "scrape"]
 
@@ -191,13 +191,8 @@ class Fleet:
         atexit.unregister(self.stop)
 
     def _stop_router(self) -> None:
-        if self.router is not None and self.router.poll() is None:
-            self.router.send_signal(signal.SIGTERM)
-            try:
-                self.router.wait(15)
-            except subprocess.TimeoutExpired:
-                self.router.kill()
-                self.router.wait(15)
+        if self.router is not None:
+            stop_process(self.router, 15)
 
     def __enter__(self) -> "Fleet":
         return self

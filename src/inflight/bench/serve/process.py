@@ -19,7 +19,7 @@ from typing import Sequence
 
 from inflight.threads import environment_for_child
 
-__all__ = ["ServerHandle", "start_inflight", "start_transformers", "save_tiny_as_hf", "save_random_checkpoint",
+__all__ = ["ServerHandle", "stop_process", "start_inflight", "start_transformers", "save_tiny_as_hf", "save_random_checkpoint",
            "free_port", "run_record", "save_result"]
 
 READY_TIMEOUT_S = 300
@@ -32,6 +32,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> int | None:
+    """End a child by its pid: SIGTERM (a server shuts down cleanly), SIGKILL if it is still there
+    after `timeout` seconds; returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
+
+
 class ServerHandle:
     """A server process and its base URL; `stop()` ends it (SIGTERM, then SIGKILL) by its pid."""
 
@@ -39,14 +52,7 @@ class ServerHandle:
         self.proc, self.base_url, self.name, self.log = proc, base_url, name, log
 
     def stop(self, timeout: float = 60) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def rss_bytes(self) -> int:
         """The server's resident memory now (Linux /proc)."""
