@@ -2,17 +2,19 @@
 
 A matrix multiply with up to a few dozen rows is bound by reading the weights, and in a serving step
 they come from memory: the step's attention has just streamed the KV cache through the CPU's caches.
-The BLAS torch calls is built for large products; at this shape the C kernel in `csrc/skinny_gemm.c`,
-which reads each weight once and keeps the sums in registers, is faster. vLLM has the same idea for
-its GPUs ("skinny GEMMs" for small batches).
+The BLAS torch calls is built for large products and packs the weights again at every call; at this
+shape the C kernel in `csrc/skinny_gemm.c`, which multiplies by weights packed once (`panels`: 16
+output columns at a time, k-major) with a 6 x 16 tile of the output in registers, is faster. vLLM
+has the same idea for its GPUs ("skinny GEMMs" for small batches).
 
-Every output of the kernel is one fixed sum, whatever else is in the batch. More than `MAX_ROWS`
+Every output of the kernel is one fixed chain of multiply-adds, whatever else is in the batch. More than `MAX_ROWS`
 rows stay with torch, whose blocked GEMM is the faster there. Anything else — another dtype or device, a gradient, no
 compiler, `INFLIGHT_CPU_KERNEL=0`, `fused_ops.reference_only()` — runs `torch.nn.functional.linear`.
 """
 from __future__ import annotations
 
 import ctypes
+import weakref
 from pathlib import Path
 
 import torch
@@ -20,23 +22,24 @@ import torch.nn.functional as F
 
 from inflight.model import c_build, fused_ops, thread_pool
 
-__all__ = ["linear", "kernel_linear", "load", "build_error", "MAX_ROWS"]
+__all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "MAX_ROWS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
-SYMBOLS = ("inflight_skinny_gemm_f32", "inflight_use_pool", "inflight_parallel_backend")
+SYMBOLS = ("inflight_packed_gemm_f32", "inflight_use_pool", "inflight_parallel_backend")
+PANEL = 16  # output columns per packed panel (csrc/skinny_gemm.c)
 PROFILER_NAME = "inflight::skinny_gemm_c"
 #: the most rows the kernel takes. `python -m inflight.bench.kernels.cpu` times all of the tiny
-#: model's linear layers for one step, the weights out of cache as in a serving step; on the book's
-#: 2-core CPU (`results/cpu_kernel_cpu.json`) against MKL: even at 1 row, 1.3-1.8x faster at 2-32
-#: rows, 1.1x at 48-64, slower from 96.
-MAX_ROWS = 64
+#: model's linear layers for one step, the weights out of cache as in a serving step, against MKL
+#: (`results/cpu_kernel_cpu.json`); on the book's 2-core CPU the packed kernel is the faster through
+#: 384 rows, and a prefill chunk (512 rows by default) stays with MKL.
+MAX_ROWS = 256
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.inflight_skinny_gemm_f32.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
-    lib.inflight_skinny_gemm_f32.restype = None
+    lib.inflight_packed_gemm_f32.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
+    lib.inflight_packed_gemm_f32.restype = None
     thread_pool.attach(lib)
 
 
@@ -83,7 +86,45 @@ def _run(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     """The call itself, on tensors already checked (by `linear` on the serving path, once)."""
     (M, K), N = x.shape, weight.shape[0]
     out = x.new_empty(M, N)
-    args = (x.data_ptr(), M, K, weight.data_ptr(), N, None if bias is None else bias.data_ptr(), out.data_ptr(),
-            thread_pool.threads())
-    c_build.profiled_call(PROFILER_NAME, lib.inflight_skinny_gemm_f32, *args)
+    args = (x.data_ptr(), M, K, panels(weight).data_ptr(), N, None if bias is None else bias.data_ptr(),
+            out.data_ptr(), thread_pool.threads())
+    c_build.profiled_call(PROFILER_NAME, lib.inflight_packed_gemm_f32, *args)
     return out
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight [N, K]` as the kernel reads it: panels of 16 output columns, k-major,
+    `[ceil(N / 16), K, 16]`, zeros past column N."""
+    n, k = weight.shape
+    padded = weight.detach().new_zeros((n + PANEL - 1) // PANEL * PANEL, k)
+    padded[:n] = weight.detach()
+    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+
+
+#: id(weight) -> (a weak reference to it, its storage and version when packed, the panels)
+_packed: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
+
+
+def _version(weight: torch.Tensor) -> int:
+    try:
+        return weight._version
+    except RuntimeError:  # an inference tensor keeps no version counter (nor can it change outside inference mode)
+        return -1
+
+
+def panels(weight: torch.Tensor) -> torch.Tensor:
+    """The packed copy of `weight` (`pack`), made on its first use and kept while the weight lives;
+    made again when the weight changes (in place, or its storage replaced). It costs one more copy of
+    each weight the kernel multiplies by — a model's linear layers twice in memory on a CPU."""
+    key, state = id(weight), (weight.data_ptr(), _version(weight))
+    hit = _packed.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == state:
+        return hit[2]
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        if key in _packed and _packed[key][0] is ref:
+            del _packed[key]
+
+    p = pack(weight)
+    _packed[key] = (weakref.ref(weight, forget), state, p)
+    return p
