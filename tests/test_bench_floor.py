@@ -47,9 +47,27 @@ def test_time_floor_splits_the_wall_time_and_bounds_the_peers(model, monkeypatch
     assert f["max_tokens_per_s_linear_only"] == pytest.approx(800)
     assert f["max_tokens_per_s_linear_and_kv"] == pytest.approx(40 / 0.55)
     b = fl.ratio_bounds(f, {"hf_static": 100.0, "hf_continuous": None})
-    assert b == {"hf_static": {"linear_only": pytest.approx(8.0), "linear_and_kv": pytest.approx(40 / 0.55 / 100)}}
+    # no prompts given: the floor is the linear layers and the KV read
+    assert b == {"hf_static": {"linear_only": pytest.approx(8.0), "linear_and_kv": pytest.approx(40 / 0.55 / 100),
+                               "floor": pytest.approx(40 / 0.55 / 100)}}
     with pytest.raises(ValueError, match="per-step work"):
         fl.time_floor(model, {"wall_s": 1.0, "useful_tokens": 4}, 1e6, 1000)
+
+
+def test_the_floor_counts_the_prompts_attention_arithmetic(model, monkeypatch):
+    """Each prompt of P tokens: P(P+1)/2 causal (query, key) pairs at 4 x heads x head size FLOPs a
+    layer, at the machine's matmul rate; decode attention stays in the KV read."""
+    monkeypatch.setattr(fl, "measure_linear_layers", lambda m, rows, repeats=5, min_seconds=0.0: 0.01)
+    cfg = model.config
+    per_pair = 4 * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers
+    assert fl.prefill_attention_flops(cfg, [1, 3]) == per_pair * (1 + 6)
+    run = {"wall_s": 1.0, "useful_tokens": 40, "work_per_step": {"tokens": [8] * 5, "kv_tokens": [100] * 5}}
+    f = fl.time_floor(model, run, bandwidth=1e6, kv_bytes_per_token=1000, prompt_lens=[10, 20],
+                      matmul_flops=per_pair * 265 / 0.1)  # 55 + 210 pairs in 0.1 s
+    assert f["prefill_attention_s"] == pytest.approx(0.1)
+    assert f["floor_s"] == pytest.approx(0.05 + 0.5 + 0.1) and f["rest_s"] == pytest.approx(1 - 0.65)
+    assert f["max_tokens_per_s_floor"] == pytest.approx(40 / 0.65)
+    assert fl.ratio_bounds(f, {"hf_static": 10.0})["hf_static"]["floor"] == pytest.approx(40 / 0.65 / 10)
 
 
 def test_the_linear_layers_are_timed_with_whichever_implementation_is_faster(monkeypatch):

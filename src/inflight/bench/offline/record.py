@@ -39,6 +39,7 @@ class RunRecord:
     kv_bytes_per_token: int | None = None
     peak_memory_bytes: int | None = None
     engine_stats: dict[str, Any] = field(default_factory=dict)
+    step_stats: list[Any] = field(default_factory=list)  # the engine's own record of every step (engine modes)
     notes: list[str] = field(default_factory=list)
 
     def add_step(self, time_s: float, batch: int, kv_used_tokens: int) -> None:

@@ -24,11 +24,12 @@ __all__ = ["main", "measure"]
 
 
 def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool = False, model_name: str | None = None,
-            weights: str | None = None, device: str = "cpu", **shape: Any) -> dict[str, Any]:
+            weights: str | None = None, device: str = "cpu", split: bool = False, **shape: Any) -> dict[str, Any]:
     """Warm up, then time `mode` once on the long-tailed workload of `n` requests (`shape`: its
     `prompt_range`, `output_mean`, `output_cap`) with the benchmark's model `model_name` (None: the
     tiny model) or the one saved at `weights` (`bench.offline.models.save_model`), in float32 (every process's
-    tokens must be the same) on `device`."""
+    tokens must be the same) on `device`. With `split` (an engine mode), one more run of the same
+    workload after the timed one, with its time split by what the work is (`bench.offline.time_split`)."""
     import torch
 
     from inflight.bench.offline.config import BenchConfig
@@ -51,6 +52,8 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
     out = {"mode": mode, "value": lt.useful_tokens / rec.wall, "unit": "tokens/s", "wall_s": rec.wall,
            "useful_tokens": lt.useful_tokens, "requests": n, "tokens": rec.tokens,
            "work_bound_ideal": ideal_speedup(lt, batch_size)["work_bound_speedup"],
+           "prompt_tokens": sum(len(r.prompt) for r in lt.requests),
+           "work_bound_ideal_with_prompts": _ideal_with_prompts(lt, batch_size),
            "torch_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
            "passive_wait": passive_wait_in_effect(), "idle_wait": openmp_idle_wait(),
            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "kernels": _kernels(), "load": watch.as_dict()}
@@ -58,7 +61,33 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
     out["summary"] = {k: v for k, v in summarize(rec, lt, None).items() if k not in ("work_per_step", "batch_over_time")}
     if floor:
         out["floor"] = _floor(model, rec, lt)
+    if split:
+        out["time_split"] = _split(mode, setup, lt)
     return out
+
+
+def _split(mode: str, setup: Any, workload: Any) -> dict[str, Any]:
+    """One more run, its time split by category (`bench.offline.time_split`); its tokens must be the timed run's."""
+    from inflight.bench.offline.suite import run_mode
+    from inflight.bench.offline.time_split import TimeSplit, split_of_run
+
+    with TimeSplit(setup.model) as ts:
+        rec = run_mode(mode, setup, workload)
+    if not rec.step_stats:
+        raise ValueError(f"mode {mode!r} records no engine steps: the split is for engine modes")
+    return split_of_run(ts, rec.step_stats, rec.wall)
+
+
+def _ideal_with_prompts(workload: Any, batch_size: int) -> float:
+    """The work-bound ideal with the prompts counted too: every row static batching computes --
+    each batch's prompts left-padded to its longest, its decodes to its longest output -- over the
+    rows that carry a prompt or a wanted token. The work-bound ideal itself counts decodes only;
+    where prompts are most of the work, both systems compute them and the two ideals part."""
+    reqs, rows = workload.requests, 0
+    for i in range(0, len(reqs), batch_size):
+        batch = reqs[i:i + batch_size]
+        rows += len(batch) * (max(len(r.prompt) for r in batch) + max(r.output_len for r in batch))
+    return rows / sum(len(r.prompt) + r.output_len for r in reqs)
 
 
 def _kernels() -> dict[str, Any]:
@@ -77,15 +106,17 @@ def _kernels() -> dict[str, Any]:
 def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
     """This run against the lower bounds of its own work (`bench.protocol.floor`), measured now, here."""
     from inflight.bench.protocol.floor import time_floor
-    from inflight.bench.profiling import measure_memory_bandwidth
+    from inflight.bench.profiling import measure_matmul_flops, measure_memory_bandwidth
     from inflight.bench.offline.record import kv_bytes_per_token
 
     if not rec.step_tokens:
         raise ValueError(f"mode {rec.mode!r} records no per-step work: the floor is for engine modes")
     run = {"work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens}, "wall_s": rec.wall,
            "useful_tokens": workload.useful_tokens}
-    fl = time_floor(model, run, measure_memory_bandwidth(model.device), kv_bytes_per_token(model))
-    fl["wall_over_floor"] = rec.wall / (fl["linear_layers_s"] + fl["kv_read_s"])
+    fl = time_floor(model, run, measure_memory_bandwidth(model.device), kv_bytes_per_token(model),
+                    prompt_lens=[len(r.prompt) for r in workload.requests],
+                    matmul_flops=measure_matmul_flops(model.device, model.dtype, min_seconds=0.2))
+    fl["wall_over_floor"] = rec.wall / fl["floor_s"]
     return fl
 
 
@@ -103,12 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--weights", default=None, help="a model saved by bench.offline.models.save_model (instead of --model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--floor", action="store_true", help="also measure this run's floor (engine modes)")
+    p.add_argument("--split", action="store_true", help="also split an engine mode's time by category (one more run)")
     a = p.parse_args(argv)
     if a.num_requests < 1 or a.batch_size < 1:
         p.error("--num-requests and --batch-size must be >= 1")
     shape = {k: v for k, v in (("prompt_range", tuple(a.prompt_range) if a.prompt_range else None),
                                ("output_mean", a.output_mean), ("output_cap", a.output_cap)) if v is not None}
-    res = measure(a.mode, a.num_requests, a.seed, a.batch_size, a.floor, a.model, a.weights, a.device, **shape)
+    if a.split and a.mode not in ("contiguous", "paged"):
+        p.error("--split is for the engine modes (contiguous, paged)")
+    res = measure(a.mode, a.num_requests, a.seed, a.batch_size, a.floor, a.model, a.weights, a.device, a.split, **shape)
     text = json.dumps(res)
     path = os.environ.get("INFLIGHT_RESULT")
     if path:

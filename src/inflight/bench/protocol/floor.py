@@ -5,9 +5,14 @@ Two parts of every forward pass have a floor this machine can measure:
 - the **linear layers**: each step's tokens through every `nn.Linear` of the model, timed alone at
   that many rows (`profiling.measure_linear_layers`, on a grid of row counts, interpolated);
 - the **KV cache**: each step reads the keys and values of the requests it carries, at best as
-  fast as memory copies (`profiling.measure_memory_bandwidth`).
+  fast as memory copies (`profiling.measure_memory_bandwidth`);
+- the **prefill attention's arithmetic**: every prompt token's query against every key before it
+  (q·k and the probabilities times v: 4 · heads · head size FLOPs per pair, per layer) at the rate
+  this machine multiplies matrices (`profiling.measure_matmul_flops`). Decode attention is already
+  bound by its KV read; on a prompt-heavy workload this is the term that grows with the square of
+  the prompt, and a floor without it flatters nothing but says little.
 
-What the run spent beyond those two — attention's arithmetic and indexing, norms, rotary,
+What the run spent beyond those — attention's indexing and softmax, norms, rotary,
 activations, sampling, Python — is what a better engine could still win back. The useful tokens
 divided by the linear floor alone is the fastest this model can serve this workload here even if
 everything else cost nothing; divided by a peer's speed, it is the largest ratio *any* engine could
@@ -22,7 +27,7 @@ import torch
 
 from inflight.bench.profiling import measure_linear_layers
 
-__all__ = ["row_grid", "linear_seconds", "time_floor", "ratio_bounds"]
+__all__ = ["row_grid", "linear_seconds", "prefill_attention_flops", "time_floor", "ratio_bounds"]
 
 
 def row_grid(rows: Sequence[int], points: int = 8) -> list[int]:
@@ -59,10 +64,20 @@ def linear_seconds(model: torch.nn.Module, step_rows: Sequence[int], points: int
     return total, measured
 
 
+def prefill_attention_flops(config: Any, prompt_lens: Sequence[int]) -> float:
+    """FLOPs of causal attention over these prompts, each computed once: a prompt of P tokens has
+    P(P+1)/2 (query, key) pairs; each costs 2·D for q·k and 2·D for adding its share of v, per
+    query head, per layer."""
+    pairs = sum(p * (p + 1) // 2 for p in prompt_lens)
+    return 4.0 * config.num_attention_heads * config.head_dim * config.num_hidden_layers * pairs
+
+
 def time_floor(model: torch.nn.Module, run: dict[str, Any], bandwidth: float, kv_bytes_per_token: int,
-               points: int = 8, min_seconds: float = 0.05) -> dict[str, Any]:
+               points: int = 8, min_seconds: float = 0.05, prompt_lens: Sequence[int] = (),
+               matmul_flops: float | None = None) -> dict[str, Any]:
     """The lower bounds of one engine run (a mode summary with `work_per_step`) and how its wall
-    time splits against them; `bandwidth` in bytes/s (the measured copy rate)."""
+    time splits against them; `bandwidth` in bytes/s (the measured copy rate); `prompt_lens` and
+    `matmul_flops` (FLOP/s) add the prefill attention's arithmetic."""
     work = run.get("work_per_step") or {}
     tokens, kv_tokens = work.get("tokens") or [], work.get("kv_tokens") or []
     wall = run.get("wall_s")
@@ -71,15 +86,21 @@ def time_floor(model: torch.nn.Module, run: dict[str, Any], bandwidth: float, kv
     lin_s, grid = linear_seconds(model, tokens, points, min_seconds)
     kv_bytes = sum(kv_tokens) * kv_bytes_per_token
     kv_s = kv_bytes / bandwidth
+    flops = prefill_attention_flops(model.config, prompt_lens) if prompt_lens else 0.0
+    pre_s = flops / matmul_flops if flops and matmul_flops else 0.0
+    floor_s = lin_s + kv_s + pre_s
     useful = run["useful_tokens"]
     return {"wall_s": wall, "steps": len(tokens), "forward_tokens": sum(tokens),
             "linear_layers_s": lin_s, "kv_read_s": kv_s, "kv_read_bytes": kv_bytes,
-            "rest_s": max(0.0, wall - lin_s - kv_s),
-            "linear_share": lin_s / wall, "kv_share": kv_s / wall, "rest_share": max(0.0, 1 - (lin_s + kv_s) / wall),
-            # the fastest this workload can be served here: only the linear layers cost anything, or
-            # the linear layers plus one read of the KV cache per step
+            "prefill_attention_s": pre_s, "prefill_attention_flops": flops, "matmul_flops_per_s": matmul_flops,
+            "floor_s": floor_s, "rest_s": max(0.0, wall - floor_s),
+            "linear_share": lin_s / wall, "kv_share": kv_s / wall, "prefill_attention_share": pre_s / wall,
+            "rest_share": max(0.0, 1 - floor_s / wall),
+            # the fastest this workload can be served here: only the linear layers cost anything; the
+            # linear layers plus one read of the KV cache per step; and those plus the prompts' attention
             "max_tokens_per_s_linear_only": useful / lin_s if lin_s else None,
             "max_tokens_per_s_linear_and_kv": useful / (lin_s + kv_s) if lin_s + kv_s else None,
+            "max_tokens_per_s_floor": useful / floor_s if floor_s else None,
             "linear_grid_ms": {str(r): s * 1e3 for r, s in grid.items()}}
 
 
@@ -91,4 +112,6 @@ def ratio_bounds(floor: dict[str, Any], peers: dict[str, float | None]) -> dict[
         if tps:
             out[name] = {"linear_only": floor["max_tokens_per_s_linear_only"] / tps,
                          "linear_and_kv": floor["max_tokens_per_s_linear_and_kv"] / tps}
+            if floor.get("max_tokens_per_s_floor"):
+                out[name]["floor"] = floor["max_tokens_per_s_floor"] / tps
     return out

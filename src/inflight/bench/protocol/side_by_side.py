@@ -124,7 +124,7 @@ def _floor_target(runs: list[dict[str, Any]]) -> dict[str, Any]:
     the work allows, the median run over the lowest floor any round measured (the same steps every
     round: the schedule doesn't depend on timing)."""
     per_round = [r["floor"]["wall_over_floor"] for r in runs]
-    floors = [r["floor"]["linear_layers_s"] + r["floor"]["kv_read_s"] for r in runs]
+    floors = [r["floor"].get("floor_s", r["floor"]["linear_layers_s"] + r["floor"]["kv_read_s"]) for r in runs]
     out: dict[str, Any] = {"wall_over_floor_at_most": TARGET_FLOOR, "per_round": per_round,
                            **fair.spread(per_round)}
     if runs:
