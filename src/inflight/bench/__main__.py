@@ -4,6 +4,10 @@ Six ways of serving the same requests with the same weights — sequential, stat
 engine over a contiguous and over a paged KV cache, transformers `generate` and transformers'
 continuous batching (`inflight.bench.offline.config` lists them) — each checked token for token against
 the sequential run before any speed is reported. Prints a report; `--out` saves the JSON.
+
+`--matrix` runs the workload matrix instead (`inflight.bench.protocol.matrix`): the fair comparison
+with `generate` on twelve shapes of work and on the benchmark's own, each with its ideal, its floor
+and the engine's time split (`--cells` to choose some, `--fair-rounds` rounds, 5 by default).
 """
 from __future__ import annotations
 
@@ -59,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-decode-step", action="store_true", help="skip the batch-1 decode step timing")
     p.add_argument("--logprob-tolerance", type=float, default=None,
                    help="half precision: accepted teacher-forced deviation in nats (default per dtype, bench.offline.agreement)")
+    p.add_argument("--matrix", action="store_true",
+                   help="the workload matrix instead (inflight.bench.protocol.matrix; with --cells, --fair-rounds, --out)")
+    p.add_argument("--cells", nargs="*", default=None, help="with --matrix: the cells to run (default all)")
     p.add_argument("--out", default=None, help="write the results JSON here (e.g. results/bench_cpu.json); a "
                    "folder: bench_gpu_<gpu>.json or bench_cpu.json in it")
     return p
@@ -105,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = _parser()
     args = p.parse_args(argv)
+    if args.matrix or args.cells:
+        return _matrix(p, args)
     cfg = config_from_args(p, args)
     if args.out:  # the fair comparison's reference tokens go beside the results
         where = results_path(args.out, args.device or "cpu")
@@ -117,6 +126,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         save_results(results, out)
         print(f"\nresults written to {out}")
     return 0
+
+
+def _matrix(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`--matrix`: the fair protocol on every cell of `bench.protocol.cells` (its own CLI, same flags)."""
+    from inflight.bench.protocol import matrix
+
+    if not args.matrix:
+        p.error("--cells goes with --matrix")
+    argv = ["--rounds", str(5 if args.fair_rounds is None else args.fair_rounds)]
+    argv += ["--cells", *args.cells] if args.cells else []
+    argv += ["--out", args.out] if args.out else []
+    return matrix.main(argv)
 
 
 if __name__ == "__main__":

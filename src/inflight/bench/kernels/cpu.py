@@ -6,7 +6,7 @@ hits all of them alike:
 - **attention alone**: every layer's attention for one decode step of B sequences with long-tailed
   contexts in scattered blocks (what a busy paged engine sees), C decode kernel vs reference, best of
   many runs;
-- **linear layers alone**: all of the model's linear layers for one step of 1 to 128 rows, the
+- **linear layers alone**: all of the model's linear layers for one step of 1 to 512 rows, the
   weights pushed out of the CPU's caches first (as a step's attention does), torch's BLAS vs the
   skinny-GEMM kernel, median of many runs: where `skinny_gemm.MAX_ROWS` comes from;
 - **end to end**: the paged engine (the benchmark's mode 4) serving the long-tailed workload, each
@@ -47,7 +47,7 @@ ENGINE_IMPLS = ("torch", "c", "fused")
 #: CPU gives the C kernel whole steps of short prompts (and "c" by name takes decode-only steps alone)
 ENGINE_BACKEND = {"torch": "torch", "c": "auto", "fused": "auto"}
 ATTENTION_RAN = {"torch": "torch", "c": "c", "fused": "c"}  # what `last_used` must then say
-LINEAR_ROWS = (1, 2, 5, 16, 32, 48, 64, 96, 128)
+LINEAR_ROWS = (1, 2, 5, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 FLUSH_BYTES = 64 << 20  # more than a server CPU's last-level cache: what a step's KV read does to the weights
 
 

@@ -3,9 +3,10 @@
 A serving engine tuned on one workload can be slow beside it. The matrix crosses the three things
 that move an engine's costs around:
 
-- **the prompt-to-output ratio**: decode-heavy (about one prompt token per three generated: the
-  step is many single-token rows reading the KV cache), balanced (about one to one), prefill-heavy
-  (about ten to one: most of the work is prompt tokens, attention over long causal blocks);
+- **the prompt-to-output ratio**: decode-heavy (one prompt token per two to three generated: the
+  step is many single-token rows reading the KV cache), balanced (one to one or a little more),
+  prefill-heavy (about ten to one: most of the work is prompt tokens, attention over long causal
+  blocks);
 - **the context length**: short (contexts up to ~200 tokens) and long (up to the tiny model's 512
   positions): how much KV each decode row reads and how long each prompt's causal attention is;
 - **the batch limit** B: 16 and 64 slots of KV memory (static batching's batch, the paged engine's

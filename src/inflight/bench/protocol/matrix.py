@@ -39,7 +39,7 @@ from typing import Any, Sequence
 from inflight.bench.protocol import fair, side_by_side
 from inflight.bench.protocol.cells import ALL, BENCHMARK, CELLS, Cell, cell, cell_names
 
-__all__ = ["run", "run_cell", "report", "main", "TARGET_OF_IDEAL"]
+__all__ = ["run", "run_cell", "report", "markdown", "main", "TARGET_OF_IDEAL"]
 
 TARGET_OF_IDEAL = side_by_side.TARGET_OF_IDEAL  # 1.5x the work-bound ideal over generate, in every cell
 
@@ -225,6 +225,25 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(res: dict[str, Any]) -> str:
+    """The saved matrix as the Markdown table results/README.md shows (every figure from the file)."""
+    lines = ["| cell | requests | ideal | ideal with prompts | paged over generate (median, range) | × the ideal "
+             "(median, range) | ≥ 1.5× | time / floor | the floor allows (× ideal) | largest shares of the engine's time |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | --- |"]
+    for name, c in res["cells"].items():
+        t, f = c["target"], c.get("floor") or {}
+        over = c["fair"]["summary"]["ratios"].get("paged/hf_static", {})
+        shares = (c.get("time_split") or {}).get("shares") or {}
+        top = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])[:3])
+        rng = lambda lo, hi: "—" if lo is None else f"{lo:.2f}–{hi:.2f}"  # noqa: E731
+        lines.append(f"| {name} | {c['cell']['num_requests']} | {t['work_bound_ideal']:.2f} | "
+                     f"{_num(c.get('work_bound_ideal_with_prompts'))} | {_num(over.get('median'))}× "
+                     f"({rng(over.get('min'), over.get('max'))}) | {_num(t.get('median_of_ideal'))} "
+                     f"({rng(t.get('min_of_ideal'), t.get('max_of_ideal'))}) | {'yes' if t['met'] else 'no'} | "
+                     f"{_num((f.get('wall_over_floor') or {}).get('median'))} | {_num(f.get('bound_of_ideal'))} | {top} |")
+    return "\n".join(lines)
+
+
 def _num(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
@@ -239,7 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--search-rounds", type=int, default=1, help="0: no search (torch's defaults for the peers)")
     p.add_argument("--no-split", action="store_true", help="skip the time split (one paged process per cell)")
     p.add_argument("--out", help="write the results JSON here (e.g. results/matrix_cpu.json)")
+    p.add_argument("--table", metavar="JSON", help="print a saved run as results/README.md's Markdown table, and stop")
     a = p.parse_args(argv)
+    if a.table:
+        print(markdown(json.loads(Path(a.table).read_text(encoding="utf-8"))))
+        return 0
     peers = [x.strip() for x in a.peers.split(",") if x.strip()]
     if not peers or set(peers) - set(side_by_side.PEERS) or "hf_static" not in peers:
         p.error(f"--peers: hf_static, optionally with hf_continuous (got {a.peers!r})")
