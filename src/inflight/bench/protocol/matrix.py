@@ -89,7 +89,7 @@ def run_cell(c: Cell, best: dict[str, fair.Setting], peers: Sequence[str], round
                            "prompt_tokens": seq.get("prompt_tokens"),
                            "work_bound_ideal_with_prompts": seq.get("work_bound_ideal_with_prompts"),
                            "reference_sha256": _digest(ref.tokens),
-                           "fair": res, "target": _target(res, ideal)}
+                           "fair": res, "target": side_by_side.of_ideal(res, ideal)}
     if split:
         cmd = _contenders(c, {"paged": (best["paged"],)}, (), floor=True, split=True)[0].command
         m = fair._measure(fair.run_process, fair.Contender("paged (floor and time split)", cmd, (best["paged"],)),
@@ -100,16 +100,6 @@ def run_cell(c: Cell, best: dict[str, fair.Setting], peers: Sequence[str], round
         out["time_split"] = m.get("time_split")
         out["split_process"] = {k: m.get(k) for k in ("value", "wall_s", "token_check", "load")}
     return out
-
-
-def _target(res: dict[str, Any], ideal: float) -> dict[str, Any]:
-    """The cell's ratio over `generate` as a multiple of its ideal: per round, median, range, met."""
-    over = res["summary"]["ratios"]["paged/hf_static"]
-    of_ideal = [x / ideal for x in over["per_round"]]
-    med = over["median"] / ideal if over["median"] else None
-    return {"work_bound_ideal": ideal, "of_ideal_at_least": TARGET_OF_IDEAL, "of_ideal_per_round": of_ideal,
-            "median_of_ideal": med, "min_of_ideal": min(of_ideal, default=None), "max_of_ideal": max(of_ideal, default=None),
-            "rounds_measured": len(of_ideal), "met": med is not None and med >= TARGET_OF_IDEAL}
 
 
 def _digest(tokens: dict[str, list[int]]) -> str:

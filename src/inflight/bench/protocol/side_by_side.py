@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from inflight.bench.protocol import fair
 from inflight.bench.offline.report import print_and_save, target_lines
 
-__all__ = ["run", "report", "main", "contenders", "median_runs", "TARGET_OF_IDEAL", "TARGET_FLOOR", "PEERS"]
+__all__ = ["run", "report", "main", "contenders", "median_runs", "of_ideal", "TARGET_OF_IDEAL", "TARGET_FLOOR", "PEERS"]
 
 TARGET_OF_IDEAL = 1.5  # paged over generate, as a multiple of the work-bound ideal
 TARGET_FLOOR = 1.3     # the paged engine's time at most this many times its floor
@@ -104,15 +104,21 @@ def run(n: int = 256, rounds: int = 5, search_rounds: int = 1, search_n: int = 6
     return res
 
 
-def _targets(res: dict[str, Any], ideal: float, floor: bool) -> dict[str, Any]:
+def of_ideal(res: dict[str, Any], ideal: float) -> dict[str, Any]:
+    """A fair run's paged-over-`generate` ratio as a multiple of the work-bound ideal: per round,
+    median, range, how many rounds reached the target, and whether the median did."""
     over = res["summary"]["ratios"]["paged/hf_static"]
-    of_ideal = [x / ideal for x in over["per_round"]]
-    t: dict[str, Any] = {"work_bound_ideal": ideal, "of_ideal_at_least": TARGET_OF_IDEAL, "of_ideal_per_round": of_ideal,
-                         "median_of_ideal": over["median"] / ideal if over["median"] else None,
-                         "min_of_ideal": min(of_ideal, default=None), "max_of_ideal": max(of_ideal, default=None),
-                         "rounds_measured": len(of_ideal), "rounds_met": sum(x >= TARGET_OF_IDEAL for x in of_ideal),
-                         "median_over_hf_continuous": res["summary"]["ratios"]["paged/hf_continuous"]["median"]}
-    t["met"] = t["median_of_ideal"] is not None and t["median_of_ideal"] >= TARGET_OF_IDEAL
+    per_round = [x / ideal for x in over["per_round"]]
+    median = over["median"] / ideal if over["median"] else None
+    return {"work_bound_ideal": ideal, "of_ideal_at_least": TARGET_OF_IDEAL, "of_ideal_per_round": per_round,
+            "median_of_ideal": median, "min_of_ideal": min(per_round, default=None),
+            "max_of_ideal": max(per_round, default=None), "rounds_measured": len(per_round),
+            "rounds_met": sum(x >= TARGET_OF_IDEAL for x in per_round),
+            "met": median is not None and median >= TARGET_OF_IDEAL}
+
+
+def _targets(res: dict[str, Any], ideal: float, floor: bool) -> dict[str, Any]:
+    t = of_ideal(res, ideal) | {"median_over_hf_continuous": res["summary"]["ratios"]["paged/hf_continuous"]["median"]}
     if floor:
         t["floor"] = _floor_target([row["paged"] for row in res["rounds"] if row["paged"].get("floor")])
     return t
