@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -331,6 +332,10 @@ def test_a_worker_that_raises_reports_its_traceback():
 
 CTRL_C_SCRIPT = textwrap.dedent("""
     # (no `if __name__ == "__main__":` guard: the workers never import this script)
+    import signal
+    # Ctrl-C as a terminal's program has it, whoever started the tests: a test run started in the
+    # background by a non-interactive shell hands its children SIGINT ignored, and Python keeps that
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from inflight import LLMEngine, SamplingParams
     from inflight.model.loading import TINY_PATH
     eng = LLMEngine.from_pretrained(TINY_PATH, tensor_parallel_size=2, num_blocks=64)
@@ -358,6 +363,33 @@ def test_ctrl_c_leaves_no_process(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigint_deferred_holds_with_other_threads():
+    """A Ctrl-C during a step's broadcast waits for its end, though SIGINT may land on any thread
+    (the driver always has others: torch's TCPStore serves from one)."""
+    from inflight.engine.executor import _sigint_deferred
+
+    other = threading.Thread(target=time.sleep, args=(2.0,), daemon=True)
+    other.start()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (pytest may have been started with it ignored)
+    finished = False
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _sigint_deferred():
+                signal.pthread_kill(other.ident, signal.SIGINT)  # (the thread the system may choose)
+                time.sleep(0.2)  # (the GIL handed over and back: a pending interrupt is raised here, if at all)
+                t = time.monotonic()
+                while time.monotonic() - t < 0.2:  # (... or between bytecodes)
+                    pass
+                finished = True
+        assert finished
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with _sigint_deferred():  # no interrupt: nothing raised, the handler put back
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_server_sigterm_and_a_dead_worker():

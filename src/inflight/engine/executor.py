@@ -26,8 +26,10 @@ terminates and finally kills any that did not, and joins them all: no process is
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -103,16 +105,28 @@ def check_startable(n: int, device_type: str, weight_bytes: int) -> None:
 
 @contextmanager
 def _sigint_deferred():
-    """Ctrl-C arrives after the block, not inside it (Linux: SIGINT blocked in this thread meanwhile)."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None:
+    """Ctrl-C arrives after the block, not inside it. Done in Python, not with the thread's signal
+    mask: blocking SIGINT in this thread only hands it to another (this process has torch's TCPStore
+    thread and others), whose C handler still has KeyboardInterrupt raised here, in the middle of the
+    block. Only the main thread ever receives KeyboardInterrupt, so elsewhere there is nothing to do."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # (None: a handler set outside Python, which could not be put back)
+        return
+    caught: list = []
+    try:
+        old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    except (ValueError, OSError):  # (no signals here: an embedded interpreter)
         yield
         return
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        mask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, old)
+        if caught:  # what the interrupt would have done, now the block is whole
+            if callable(old):
+                old(signal.SIGINT, caught[0])
+            elif old == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 @contextmanager
