@@ -368,7 +368,7 @@ def test_ctrl_c_leaves_no_process(tmp_path):
 def test_sigint_deferred_holds_with_other_threads():
     """A Ctrl-C during a step's broadcast waits for its end, though SIGINT may land on any thread
     (the driver always has others: torch's TCPStore serves from one)."""
-    from inflight.engine.executor import _sigint_deferred
+    from inflight.engine.interrupts import sigint_deferred
 
     other = threading.Thread(target=time.sleep, args=(2.0,), daemon=True)
     other.start()
@@ -376,7 +376,7 @@ def test_sigint_deferred_holds_with_other_threads():
     finished = False
     try:
         with pytest.raises(KeyboardInterrupt):
-            with _sigint_deferred():
+            with sigint_deferred():
                 signal.pthread_kill(other.ident, signal.SIGINT)  # (the thread the system may choose)
                 time.sleep(0.2)  # (the GIL handed over and back: a pending interrupt is raised here, if at all)
                 t = time.monotonic()
@@ -385,7 +385,7 @@ def test_sigint_deferred_holds_with_other_threads():
                 finished = True
         assert finished
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with _sigint_deferred():  # no interrupt: nothing raised, the handler put back
+        with sigint_deferred():  # no interrupt: nothing raised, the handler put back
             pass
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:

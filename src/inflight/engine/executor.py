@@ -26,10 +26,7 @@ terminates and finally kills any that did not, and joins them all: no process is
 """
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -41,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inflight.engine.interrupts import sigint_deferred
 from inflight.engine.parallel_runner import ParallelKVCache, ParallelModelRunner, ParallelSwapper
 
 __all__ = ["MultiprocExecutor", "TensorParallelEngine", "parallel_executor", "engine_from_pretrained", "ParallelModelRunner", "ParallelKVCache", "ParallelSwapper",
@@ -101,32 +99,6 @@ def check_startable(n: int, device_type: str, weight_bytes: int) -> None:
     if avail is not None and need > avail:
         raise ValueError(f"tensor_parallel_size {n}: {n} worker processes need about {need / 2**30:.1f} GiB "
                          f"(torch in each, plus the weights), this machine has {avail / 2**30:.1f} GiB available")
-
-
-@contextmanager
-def _sigint_deferred():
-    """Ctrl-C arrives after the block, not inside it. Done in Python, not with the thread's signal
-    mask: blocking SIGINT in this thread only hands it to another (this process has torch's TCPStore
-    thread and others), whose C handler still has KeyboardInterrupt raised here, in the middle of the
-    block. Only the main thread ever receives KeyboardInterrupt, so elsewhere there is nothing to do."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield  # (None: a handler set outside Python, which could not be put back)
-        return
-    caught: list = []
-    try:
-        old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    except (ValueError, OSError):  # (no signals here: an embedded interpreter)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-        if caught:  # what the interrupt would have done, now the block is whole
-            if callable(old):
-                old(signal.SIGINT, caught[0])
-            elif old == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
 
 
 @contextmanager
@@ -238,7 +210,7 @@ class MultiprocExecutor:
     def _broadcast(self, msg: tuple) -> None:
         if self.dead is not None:
             raise WorkerError(self.dead)
-        with _sigint_deferred():  # (a step sent to some ranks only would leave them alone in an all-reduce)
+        with sigint_deferred():  # (a step sent to some ranks only would leave them alone in an all-reduce)
             self._send_all(msg)
 
     def _send_all(self, msg: tuple) -> None:
