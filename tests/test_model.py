@@ -198,3 +198,22 @@ def test_static_batch_loop_per_request_limits_kept_rows_and_step_hook(llama):
         generate(model, prompts[:2], max_new_tokens=limits)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         generate(model, prompts, max_new_tokens=[1, 0, 2])
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama3-rope-scaling"])
+def test_rope_table_rows_are_the_computed_values_to_the_bit(tmp_path_factory, name):
+    """The serving step's cos/sin are looked up in a table (`LlamaModel._rope_rows`): every row is
+    what computing it in the step gives, for any batch of positions, after the table grew too."""
+    _, model = _make(tmp_path_factory, name)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.arange(n) for n in (1, 7, 64)] + [torch.randint(0, 512, (n,), generator=gen) for n in (1, 3, 16, 64, 300)]
+    batches += [torch.tensor([5000, 2, 4097]), torch.randint(0, 9000, (50,), generator=gen)]  # past the first table: it grows
+    for positions in batches:
+        cos, sin = model._rope(positions, torch.float32)
+        want_cos, want_sin = model._rope_computed(positions, torch.float32)
+        assert cos.shape == want_cos.shape == (len(positions), 1, model.config.head_dim)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+        assert cos.is_contiguous() and sin.is_contiguous()  # (what the fused rotary pass takes)
+    assert model._rope_table[0].shape[0] == 16384  # doubled to cover 8999, no further
+    cos, _ = model._rope(torch.tensor([3, 1]), torch.float64)  # another dtype: a table of its own
+    assert cos.dtype == torch.float64 and torch.equal(cos, model._rope_computed(torch.tensor([3, 1]), torch.float64)[0])

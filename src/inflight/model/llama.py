@@ -235,6 +235,7 @@ class LlamaModel(nn.Module):
         self.tie_weights()
         # a plain attribute, not a buffer: model.to(bfloat16) must not round the rotary frequencies
         self._inv_freq = _rope_inv_freq(config)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (`_rope_rows`)
         # which attention implementation runs ("auto": the Triton decode kernel on CUDA, else the
         # plain-torch reference); it records the one that ran last (`.last_used`)
         self.attention_backend = AttentionBackend("auto")
@@ -256,11 +257,36 @@ class LlamaModel(nn.Module):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin `[..., 1, head_dim]` of `positions` (broadcast over the heads)."""
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
+        if positions.device.type == "cpu" and positions.dim() == 1 and positions.numel() and \
+                positions.dtype in (torch.int64, torch.int32):
+            return self._rope_rows(positions, dtype)
+        return self._rope_computed(positions, dtype)
+
+    def _rope_computed(self, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions.float()[..., None] * self._inv_freq  # float32, as HF does
         emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]  # [..., 1, head_dim]: broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype):
+        """The serving step's cos/sin on a CPU: rows of a table computed once for every position up
+        to the largest seen (vLLM's `cos_sin_cache`), two lookups instead of six operators a step.
+        The table's rows are `_rope_computed`'s to the bit (each entry is the same float32 operations
+        on the same numbers). On a GPU the computation stays in the step: one kernel each, and no
+        reading of the largest position back to the host (which a captured CUDA graph cannot do)."""
+        low, high = (int(v) for v in torch.aminmax(positions))
+        if low < 0:
+            return self._rope_computed(positions, dtype)
+        table = self._rope_table
+        if table is None or table[0].shape[0] <= high or table[0].dtype != dtype:
+            size = max(1024, 1 << high.bit_length())  # (doubling as longer contexts come: at most twice what is used)
+            with torch.no_grad():
+                cos, sin = self._rope_computed(torch.arange(size), dtype)
+            self._rope_table = table = (cos[:, 0].contiguous(), sin[:, 0].contiguous())
+        return (torch.index_select(table[0], 0, positions)[:, None, :],
+                torch.index_select(table[1], 0, positions)[:, None, :])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor | None:
