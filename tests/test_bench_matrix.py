@@ -167,3 +167,16 @@ def test_the_before_and_after_comparison_needs_another_checkout(tmp_path, capsys
     with pytest.raises(SystemExit):
         versions.main(["--before", str(tmp_path), "--cells", "balanced/short/B16"])
     assert "holds no inflight package" in capsys.readouterr().err
+
+
+def test_the_before_and_after_comparison_takes_a_named_setting(capsys):
+    from inflight.bench.protocol import versions
+
+    labels = versions.setting_labels()
+    assert any("ACTIVE" in label for label in labels)
+    assert versions._setting(labels[0]).label == labels[0]
+    here = versions.__file__.rsplit("/inflight/", 1)[0]  # (this tree's src: a package that exists)
+    with pytest.raises(SystemExit):
+        versions.main(["--before", here, "--cells", "balanced/short/B16", "--setting", "no such wait"])
+    err = capsys.readouterr().err
+    assert "unknown setting 'no such wait'" in err and labels[-1] in err

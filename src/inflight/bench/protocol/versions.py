@@ -22,12 +22,15 @@ from inflight.bench.protocol.cells import cell
 __all__ = ["run", "main"]
 
 
-def run(before_src: str, cells: Sequence[str], rounds: int = 3, log: fair.Log = print) -> dict[str, Any]:
-    """Per cell: the paged engine of `before_src` against this tree's, alternating, tokens checked."""
+def run(before_src: str, cells: Sequence[str], rounds: int = 3, log: fair.Log = print,
+        setting: str | None = None) -> dict[str, Any]:
+    """Per cell: the paged engine of `before_src` against this tree's, alternating, tokens checked,
+    both at the engine's own default wait policy or at `setting` (a label of `setting_labels()`:
+    the matrix compares with `generate` at the best one its search finds)."""
     if not (Path(before_src) / "inflight" / "bench" / "protocol" / "contender.py").exists():
         raise ValueError(f"{before_src} holds no inflight package with bench/protocol/contender.py")
     here = str(Path(__file__).resolve().parents[3])
-    base = matrix._settings_default("paged")
+    base = matrix._settings_default("paged") if setting is None else _setting(setting)
     out: dict[str, Any] = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "before": before_src,
                            "after": here, "rounds": rounds, "setting": base.as_dict(), "cells": {}}
     with tempfile.TemporaryDirectory(prefix="inflight-versions-") as tmp:
@@ -45,16 +48,34 @@ def run(before_src: str, cells: Sequence[str], rounds: int = 3, log: fair.Log = 
     return out
 
 
+def setting_labels() -> list[str]:
+    """The settings `--setting` takes: every wait policy at this machine's thread count."""
+    from inflight.threads import usable_cores
+
+    return [s.label for s in matrix._settings(usable_cores())]
+
+
+def _setting(label: str) -> fair.Setting:
+    from inflight.threads import usable_cores
+
+    found = [s for s in matrix._settings(usable_cores()) if s.label == label]
+    if not found:
+        raise ValueError(f"unknown setting {label!r}; this machine's: {'; '.join(setting_labels())}")
+    return found[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m inflight.bench.protocol.versions", description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="the other checkout's src folder")
     p.add_argument("--cells", nargs="+", required=True)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--setting", help="a wait policy for both (default: the engine's own), one of: "
+                   + "; ".join(setting_labels()))
     p.add_argument("--out")
     a = p.parse_args(argv)
     try:
         [cell(n) for n in a.cells]
-        res = run(a.before, a.cells, a.rounds)
+        res = run(a.before, a.cells, a.rounds, setting=a.setting)
     except ValueError as exc:
         p.error(str(exc))
     if a.out:
