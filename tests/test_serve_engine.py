@@ -136,13 +136,17 @@ def test_abandoned_requests_are_aborted_and_shutdown_ends_the_rest(tiny, mode):
     async def main():
         ae = AsyncEngine(_engine(tiny, max_batch_size=1), loop=mode)
         await ae.start()
-        sp = SamplingParams(max_tokens=200, ignore_eos=True)
+        sp = SamplingParams(max_tokens=400, ignore_eos=True)
         ids, params = ae.engine.check_request("def f():", sp)
         running = ae.generate(ids, params, "running")
         first = await running.__anext__()            # it runs
         waiting = ae.generate(ids, params, "waiting")
         task = asyncio.ensure_future(waiting.__anext__())
-        await asyncio.sleep(0.2)
+        for _ in range(400):  # until the engine has it queued (behind the running one: one at a time)
+            await asyncio.sleep(0.005)
+            if "waiting" in ae.engine.requests:
+                break
+        assert "waiting" in ae.engine.requests and not task.done()
         task.cancel()                                 # the waiting client leaves before its first token
         with pytest.raises(asyncio.CancelledError):
             await task

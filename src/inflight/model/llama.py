@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from inflight.model import fused_ops, skinny_gemm
+from inflight.model import fused_ops, layer_driver, skinny_gemm
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
@@ -301,8 +301,16 @@ class LlamaModel(nn.Module):
             raise ValueError(f"KV cache has {kv_cache.num_layers} layers, model has {len(self.layers)}")
         x, residual = self.embed_tokens(input_ids), None
         cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
-        for layer in self.layers:
-            x, residual = layer(x, residual, cos, sin, meta, kv_cache, self.attention_backend)
+        # on a CPU, every layer in one C call where each of its kernels would run in C anyway
+        # (`layer_driver`: the same kernels, the same bits, without the Python between them)
+        driven = layer_driver.run(self, x, cos, sin, meta, kv_cache)
+        if driven is layer_driver.REFUSED:  # a kernel refused the step: again op by op, which says why
+            x, driven = self.embed_tokens(input_ids), None
+        if driven is not None:
+            x, residual = driven
+        else:
+            for layer in self.layers:
+                x, residual = layer(x, residual, cos, sin, meta, kv_cache, self.attention_backend)
         if self.tp is not None and self.tp.rank != 0:
             return None  # (the LM head is replicated: rank 0's logits are everybody's)
         if logits_indices is not None:  # the LM head only where a token will be sampled

@@ -6,7 +6,8 @@ coarser and per concept: "of this run's 3.2 s, how much was the matmuls, how muc
 prompts, how much the interpreter?". `TimeSplit` answers it by timing, for the length of one run,
 the model's own seams — the three functions every layer goes through (`llama._linear` for each
 projection and the LM head, the attention backend, the fused norm / rotary + KV write / SwiGLU
-kernels of `fused_ops`) — and reads the engine's own per-step clock (`StepStats`) for scheduling,
+kernels of `fused_ops`), or, where a step's layers run in one C call (`inflight.model.layer_driver`),
+that call's clocks around the same kernels — and reads the engine's own per-step clock (`StepStats`) for scheduling,
 input preparation and sampling. What no seam covers is Python: between operators inside the
 forward pass (embedding, rotary tables, indexing) and around the engine (the driver loop).
 
@@ -56,7 +57,7 @@ class TimeSplit:
         self._undo.append(lambda: setattr(owner, attr, orig))
 
     def __enter__(self) -> "TimeSplit":
-        from inflight.model import attention, fused_ops, llama
+        from inflight.model import attention, fused_ops, layer_driver, llama
 
         def attention_kind(backend: Any, q: Any, k_cache: Any, v_cache: Any, meta: Any, scale: float) -> str:
             return "attention, decode-only steps" if meta.is_decode else "attention, steps with prompt tokens"
@@ -67,6 +68,9 @@ class TimeSplit:
             for fn in ("rms_norm", "rotary_and_cache", "silu_and_mul"):
                 self._wrap(fused_ops, fn, "norms, rotary + KV write, SwiGLU")
             self._wrap(type(self.model), "forward", "forward pass")
+            # a step whose layers run in one C call (`layer_driver`) passes none of the seams above
+            # but the LM head's: the driver's own clocks around each kernel give its parts instead
+            self._undo.append(layer_driver.clock_into(self.seconds, self.calls))
         except BaseException:
             self.__exit__()
             raise
