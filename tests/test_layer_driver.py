@@ -231,3 +231,24 @@ def test_the_time_split_sees_the_driven_kernels():
     parts = sum(ts.seconds[k] for k in ("linear layers", "attention, decode-only steps",
                                         "norms, rotary + KV write, SwiGLU"))
     assert 0 < parts <= ts.seconds["forward pass"]
+
+
+@needs_c
+@pytest.mark.parametrize("rows", ["repeated", "none", "outside"])
+def test_the_logits_rows_asked_for_are_those_op_by_op_gives(rows):
+    cfg = CONFIGS["biases"]
+    model = LlamaModel(cfg).eval()
+    ids, metas, kv = _step(cfg, [1, 6, 1], [9, 6, 30], seed=6)
+    idx = {"repeated": torch.tensor([7, 0, 6, 6, 1]), "none": torch.tensor([], dtype=torch.long),
+           "outside": torch.tensor([0, 8])}[rows]
+    if rows == "outside":  # the same IndexError, from either path
+        errors = []
+        for i, ctx in enumerate([torch.no_grad(), layer_driver.op_by_op()]):
+            with pytest.raises(IndexError) as err, ctx, torch.inference_mode():
+                model(ids, metas[i].positions, metas[i], kv[i], idx)
+            errors.append(str(err.value))
+        assert errors[0] == errors[1]
+        return
+    driven, ops, steps = _both(model, ids, metas, kv, idx)
+    assert steps == 1 and torch.equal(driven, ops) and driven.shape == (len(idx), cfg.vocab_size)
+    assert _same_cache(kv)

@@ -54,7 +54,9 @@ class _Step(ctypes.Structure):
                 ("slot_mapping", _p), ("num_blocks", _i64), ("block_size", _i64), ("block_tables", _p),
                 ("max_blocks", _i64), ("context_lens", _p), ("workspace", _p), ("workspace_per_thread", _i64),
                 ("threads", ctypes.c_int), ("x", _p), ("y", _p), ("h", _p), ("qkv_out", _p), ("q", _p), ("attn", _p),
-                ("gate_up_out", _p), ("act", _p), ("seconds", _p), ("failed_layer", _i64)]
+                ("gate_up_out", _p), ("act", _p), ("seconds", _p), ("failed_layer", _i64), ("final_norm", _p),
+                ("lm_head", _p), ("lm_bias", _p), ("vocab", _i64), ("R", _i64), ("rows", _p), ("tail_y", _p),
+                ("tail_x", _p), ("tail_h", _p), ("logits", _p)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -120,28 +122,43 @@ def _turned_off() -> bool:
     return os.environ.get(OFF_VAR, "1").strip().lower() in ("0", "false", "no", "off")
 
 
+#: each layer's weights in the driver's order: (the submodule's path, the parameter's name)
+_WEIGHTS = (("input_layernorm",), "weight"), (("self_attn", "qkv_proj"), "weight"), (("self_attn", "qkv_proj"), "bias"), \
+    (("self_attn", "o_proj"), "weight"), (("self_attn", "o_proj"), "bias"), (("post_attention_layernorm",), "weight"), \
+    (("mlp", "gate_up_proj"), "weight"), (("mlp", "gate_up_proj"), "bias"), (("mlp", "down_proj"), "weight"), \
+    (("mlp", "down_proj"), "bias")
+
+
 def _weights(model: Any) -> list[torch.Tensor | None]:
+    """Every layer's weights, looked up afresh (a replaced module or weight is seen at the next step)
+    through the modules' own dictionaries: nn.Module's attribute lookup would cost more than the rest
+    of the driver's Python together."""
     out: list[torch.Tensor | None] = []
-    for layer in model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out += [layer.input_layernorm.weight, a.qkv_proj.weight, a.qkv_proj.bias, a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm.weight, m.gate_up_proj.weight, m.gate_up_proj.bias,
-                m.down_proj.weight, m.down_proj.bias]
-    return out
+    for layer in model._modules["layers"]._modules.values():
+        for path, name in _WEIGHTS:
+            m = layer
+            for part in path:
+                m = m._modules[part]
+            out.append(m._parameters.get(name))
+    head = model._modules["lm_head"]._parameters
+    return out + [model._modules["norm"]._parameters["weight"], head["weight"], head.get("bias")]
 
 
-def _layer_table(model: Any, kv_cache: Any) -> ctypes.Array | None:
-    """The per-layer pointer table, kept on the model while its weights and the cache are the same
-    tensors with the same contents (a weight changed in place is packed again)."""
+def _layer_table(model: Any, kv_cache: Any) -> tuple[ctypes.Array, torch.Tensor] | None:
+    """The per-layer pointer table and the LM head's packed weights, kept on the model while its
+    weights and the cache are the same tensors with the same contents (a weight changed in place is
+    packed again); None where a weight is not a contiguous float32 CPU tensor."""
     weights = _weights(model)
-    if any(w is not None and (w.dtype is not torch.float32 or not w.is_cpu or not w.is_contiguous()) for w in weights):
-        return None
-    caches = list(kv_cache.k_cache) + list(kv_cache.v_cache)
-    key = (tuple(None if w is None else (id(w), w.data_ptr(), skinny_gemm._version(w)) for w in weights),
-           tuple(c.data_ptr() for c in caches))
+    try:
+        key = [None if w is None else (id(w), w.data_ptr(), w._version) for w in weights]
+    except RuntimeError:  # an inference tensor keeps no version counter (skinny_gemm._version)
+        key = [None if w is None else (id(w), w.data_ptr(), skinny_gemm._version(w)) for w in weights]
+    key.extend(c.data_ptr() for c in kv_cache.k_cache + kv_cache.v_cache)
     held = getattr(model, "_layer_driver_table", None)
     if held is not None and held[0] == key:
         return held[1]
+    if any(w is not None and (w.dtype is not torch.float32 or not w.is_cpu or not w.is_contiguous()) for w in weights):
+        return None  # (a new tensor, or new storage, changes the key: this is asked again then)
     table = (_Layer * len(model.layers))()
     keep = []  # the packed panels the table points into
     for i in range(len(model.layers)):
@@ -151,8 +168,8 @@ def _layer_table(model: Any, kv_cache: Any) -> ctypes.Array | None:
         ptr = [t.data_ptr() if t is not None else None for t in
                (w[0], packed[0], w[2], packed[1], w[4], w[5], packed[2], w[7], packed[3], w[9])]
         table[i] = _Layer(*ptr, kv_cache.k_cache[i].data_ptr(), kv_cache.v_cache[i].data_ptr())
-    model._layer_driver_table = (key, table, keep)
-    return table
+    model._layer_driver_table = (key, (table, skinny_gemm.panels(weights[-2])), keep)
+    return model._layer_driver_table[1]
 
 
 def _attention_batch(model: Any, meta: Any):
@@ -207,22 +224,42 @@ def _plan(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, met
     return kernels, lib, table, tables, lens
 
 
-def run(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any, kv_cache: Any):
+def _tail_rows(model: Any, T: int, logits_indices: torch.Tensor | None) -> int | None:
+    """How many rows of logits the driver computes itself (the final norm and the LM head), or None
+    where they stay in Python: more rows than the C GEMM takes (torch's would give other bits)."""
+    if logits_indices is None:
+        R = T
+    elif logits_indices.dtype is torch.int64 and logits_indices.dim() == 1 and logits_indices.is_cpu and \
+            logits_indices.is_contiguous():
+        R = logits_indices.shape[0]
+    else:
+        return None
+    head = model.lm_head
+    return R if 1 <= R <= skinny_gemm.MAX_ROWS and head.bias is None else None
+
+
+def run(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any, kv_cache: Any,
+        logits_indices: torch.Tensor | None = None):
     """The decoder layers of `model` over one step: x `[T, hidden]` (the embeddings) -> (the last
-    layer's output, the residual stream's running sum), as the op-by-op loop returns them; None
-    where the driver does not take the step (nothing was touched), or `REFUSED` (see there)."""
+    layer's output, the residual stream's running sum, the float32 logits of `logits_indices`' rows
+    -- or of every row -- or None where the final norm and LM head are left to the caller), as the
+    op-by-op path computes them; None where the driver does not take the step (nothing was touched),
+    or `REFUSED` (see there)."""
     plan = _plan(model, x, cos, sin, meta, kv_cache)
     if plan is None:
         return None
-    (gemm, norm, silu, rotary, attn), lib, table, tables, lens = plan
+    (gemm, norm, silu, rotary, attn), lib, (table, lm_panels), tables, lens = plan
     cfg, T = model.config, x.shape[0]
     H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     hidden, inter, width = cfg.hidden_size, cfg.intermediate_size, (H + 2 * KV) * D
     num_blocks, block_size = kv_cache.k_cache[0].shape[:2]
     threads = max(1, thread_pool.threads())
+    R = _tail_rows(model, T, logits_indices)
+    vocab = model.lm_head.weight.shape[0]
     # the attention wrapper's workspace: one work item's scores and sums of weights per thread
     per_thread = H * (max(1, min(meta.max_context_len, tables.shape[1] * block_size)) + 1)
     sizes = [T * hidden, T * hidden, T * width, T * H * D, T * H * D, T * 2 * inter, T * inter, threads * per_thread]
+    sizes += [0, 0, 0, 0] if R is None else [R * hidden, R * hidden, R * hidden, R * vocab]
     buf = torch.empty(sum(_align(n) for n in sizes), dtype=torch.float32)
     ptrs, at = [], 0
     for n in sizes:
@@ -230,21 +267,30 @@ def run(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta:
         at += _align(n)
     clocks = _state["clocks"]
     seconds = (ctypes.c_double * 3)() if clocks else None
+    tail = (None, None, None, 0, 0, None, None, None, None, None) if R is None else (
+        model.norm.weight.data_ptr(), lm_panels.data_ptr(), None, vocab, R,
+        None if logits_indices is None else logits_indices.data_ptr(), *ptrs[8:12])
     step = _Step(gemm, norm, silu, rotary, attn, ctypes.addressof(table), len(model.layers), T, hidden, H, KV, D,
                  inter, cfg.rms_norm_eps, model.layers[0].self_attn.scale, cos.data_ptr(), sin.data_ptr(),
                  meta.slot_mapping.data_ptr(), num_blocks, block_size, tables.data_ptr(), tables.shape[1],
                  lens.data_ptr(), ptrs[7], per_thread, threads, x.data_ptr(), ptrs[0], *ptrs[1:7],
-                 None if seconds is None else ctypes.addressof(seconds), -1)
+                 None if seconds is None else ctypes.addressof(seconds), -1, *tail)
     rc = lib.inflight_decoder_layers_f32(ctypes.byref(step))
     if seconds is not None:
-        kind = "attention, decode-only steps" if meta.is_decode else "attention, steps with prompt tokens"
-        n = len(model.layers)
-        for into, calls in clocks:
-            for name, sec, count in (("linear layers", seconds[0], 4 * n), (kind, seconds[1], n),
-                                     ("norms, rotary + KV write, SwiGLU", seconds[2], 4 * n)):
-                into[name] += sec
-                calls[name] += count
+        _clock(seconds, meta, len(model.layers), R is not None)
     if rc != 0:
         return REFUSED
     model.attention_backend.last_used = "c"
-    return buf[:T * hidden].view(T, hidden), x
+    at = sum(_align(n) for n in sizes[:11])
+    logits = None if R is None else buf[at:at + R * vocab].view(R, vocab)
+    return buf[:T * hidden].view(T, hidden), x, logits
+
+
+def _clock(seconds: ctypes.Array, meta: Any, layers: int, with_tail: bool) -> None:
+    """A driven step's kernel time into the time splits that asked for it (`clock_into`)."""
+    kind = "attention, decode-only steps" if meta.is_decode else "attention, steps with prompt tokens"
+    for into, calls in _state["clocks"]:
+        for name, sec, count in (("linear layers", seconds[0], 4 * layers + with_tail), (kind, seconds[1], layers),
+                                 ("norms, rotary + KV write, SwiGLU", seconds[2], 4 * layers + with_tail)):
+            into[name] += sec
+            calls[name] += count

@@ -303,11 +303,14 @@ class LlamaModel(nn.Module):
         cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
         # on a CPU, every layer in one C call where each of its kernels would run in C anyway
         # (`layer_driver`: the same kernels, the same bits, without the Python between them)
-        driven = layer_driver.run(self, x, cos, sin, meta, kv_cache)
+        # (and the final norm and LM head, where they would too)
+        driven = layer_driver.run(self, x, cos, sin, meta, kv_cache, logits_indices)
         if driven is layer_driver.REFUSED:  # a kernel refused the step: again op by op, which says why
             x, driven = self.embed_tokens(input_ids), None
         if driven is not None:
-            x, residual = driven
+            x, residual, logits = driven
+            if logits is not None:
+                return logits
         else:
             for layer in self.layers:
                 x, residual = layer(x, residual, cos, sin, meta, kv_cache, self.attention_backend)

@@ -10,8 +10,8 @@
  * This file adds no arithmetic. It calls those same compiled kernels (their entry points, handed in
  * by inflight/model/layer_driver.py) in the order the Python layer does, with the same arguments,
  * on buffers carved once per step, so its results are the op-by-op path's to the bit. What it saves
- * is the Python between them. The embedding before and the final norm and LM head after stay in
- * Python (three calls a step).
+ * is the Python between them. The final norm and the LM head come with it where the LM head would
+ * run in C too; the embedding and the rotary tables stay in Python (two lookups a step).
  *
  * Built on first use by inflight/model/layer_driver.py (cc -O2 -shared -fPIC); no threads of its own:
  * each kernel shares out its work as it always does (parallel.h).
@@ -65,6 +65,12 @@ struct step {
     float *gate_up_out, *act;         /* scratch: [T, 2 inter], [T, inter] */
     double *seconds;                  /* NULL, or += per part: [0] linear layers, [1] attention, [2] the fused ops */
     int64_t failed_layer;             /* out: the layer whose kernel refused, when the return is not 0 */
+    /* the tail, when lm_head is not NULL: the rows the logits are wanted for (`rows`, R of them; NULL:
+     * every row), the final norm, the LM head -> logits [R, vocab] */
+    const float *final_norm, *lm_head, *lm_bias;
+    int64_t vocab, R;
+    const int64_t *rows;
+    float *tail_y, *tail_x, *tail_h, *logits;  /* scratch [R, hidden] x 3 (y and x: only with rows), out */
 };
 
 static double now(void) {
@@ -81,12 +87,33 @@ static double now(void) {
         if (s->seconds) s->seconds[part] += now() - t0_;           \
     } while (0)
 
+/* The final norm and the LM head over the rows wanted (the op-by-op path's x[rows], residual[rows]:
+ * copies, so the running sum's rows are updated in the copy, not in place). */
+static void tail(struct step *s) {
+    const int64_t hidden = s->hidden, R = s->R;
+    const float *y = s->y;
+    float *x = s->x;
+    if (s->rows) {
+        for (int64_t r = 0; r < R; r++) {
+            memcpy(s->tail_y + r * hidden, s->y + s->rows[r] * hidden, (size_t)hidden * sizeof(float));
+            memcpy(s->tail_x + r * hidden, s->x + s->rows[r] * hidden, (size_t)hidden * sizeof(float));
+        }
+        y = s->tail_y, x = s->tail_x;
+    }
+    TIMED(2, s->norm(y, x, s->final_norm, R, hidden, s->eps, s->tail_h, s->threads));
+    TIMED(0, s->gemm(s->tail_h, R, hidden, s->lm_head, s->vocab, s->lm_bias, s->logits, s->threads));
+}
+
 /* Returns 0; or the rotary pass's refusal (-1 - t: token t's slot is outside the cache), or the
  * attention kernel's (-1, or -2 - i), both checked by the kernels before they write anything, with
- * `failed_layer` set. */
+ * `failed_layer` set; or INT32_MIN when a row asked for logits is not a row of the step (checked
+ * before anything is written). */
 int inflight_decoder_layers_f32(struct step *s) {
     const int64_t T = s->T, hidden = s->hidden, H = s->H, KV = s->KV, D = s->D, inter = s->inter;
     const int64_t width = (H + 2 * KV) * D, slots = s->num_blocks * s->block_size;
+    if (s->lm_head && s->rows)
+        for (int64_t r = 0; r < s->R; r++)
+            if (s->rows[r] < 0 || s->rows[r] >= T) return INT32_MIN;
     for (int64_t l = 0; l < s->num_layers; l++) {
         const struct layer *w = s->layers + l;
         int rc = 0;
@@ -112,5 +139,6 @@ int inflight_decoder_layers_f32(struct step *s) {
         TIMED(2, s->silu(s->gate_up_out, T, inter, s->act, s->threads));
         TIMED(0, s->gemm(s->act, T, inter, w->down, hidden, w->down_bias, s->y, s->threads));
     }
+    if (s->lm_head) tail(s);
     return 0;
 }
