@@ -316,3 +316,37 @@ def test_contiguous_cache_is_one_block_per_request(model, workload):
     outs = engine.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in outs] == alone
     assert max(s.blocks_used for s in engine.stats) <= 4 and engine.summary()["preemptions"] == 0
+
+
+def test_generate_asks_for_final_outputs_only_and_gets_what_streaming_gets():
+    """generate() snapshots only the requests that end (vLLM's FINAL_ONLY); every step still decodes
+    every request's text, so a stop string ends its request at the same token either way."""
+    from inflight.model.loading import load_tiny
+
+    model, tok = load_tiny()
+    prompts = ["def main():\n    ", "import os\n", "class A:\n", "x = [1, 2"]
+    params = [SamplingParams(max_tokens=40, temperature=0.0, stop=[" of "]),  # (greedy text: '"""Return the content of')
+              SamplingParams(max_tokens=30, temperature=0.9, seed=2, stop=["os", ")"]),
+              SamplingParams(max_tokens=25, temperature=0.0, n=2, seed=4),
+              SamplingParams(max_tokens=20, temperature=0.7, seed=9, logprobs=2)]
+
+    def engine():
+        return LLMEngine(model, tokenizer=tok, max_batch_size=2, block_size=8, num_blocks=64)
+
+    final = engine().generate(prompts, params, use_tqdm=False)
+    e = engine()
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        e.add_request(p, sp, request_id=str(i))
+    streamed, seen = {}, 0
+    while e.has_unfinished_requests():
+        for out in e.step():
+            seen += 1
+            if out.finished:
+                streamed[out.request_id] = out
+    assert seen > len(prompts)  # step() keeps giving every request's progress
+    assert any(c.finish_reason == "stop" for o in final for c in o.outputs)  # (a stop string did end one)
+    for i, out in enumerate(final):
+        want = streamed[str(i)]
+        assert [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in out.outputs] == \
+               [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in want.outputs]
+        assert [c.logprobs for c in out.outputs] == [c.logprobs for c in want.outputs]

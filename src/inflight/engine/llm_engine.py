@@ -30,7 +30,7 @@ from inflight.engine.executor import ParallelModelRunner, TensorParallelEngine, 
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks
 from inflight.engine.logprobs import StepLogprobs
-from inflight.engine.output_processor import request_heads, request_output_now, snapshot
+from inflight.engine.output_processor import advance_request, request_heads, snapshot
 from inflight.engine.outputs import RequestOutput, RunTotals, StepStats, step_stats
 from inflight.engine.parallel_sampling import SampleGroup, request_finished, request_samples
 from inflight.engine.prefix_cache import cache_stats
@@ -225,8 +225,7 @@ class LLMEngine(TensorParallelEngine):
             self.scheduler.reap()
 
     def has_unfinished_requests(self) -> bool:
-        """Whether a request still needs a step (or has a final output `step()` has yet to return).
-        A pure query: it changes nothing."""
+        """Whether a request still needs a step (or has a final output `step()` has yet to return)."""
         return bool(self._undelivered or self._arrived) or self.scheduler.has_unfinished()
 
     # -- the iteration ---------------------------------------------------------------------------
@@ -239,7 +238,7 @@ class LLMEngine(TensorParallelEngine):
             outs, self._undelivered = self._undelivered + outs, []
         return outs
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self, final_only: bool = False) -> list[RequestOutput]:
         sched = self.scheduler
         t0 = time.perf_counter()
         arrived = admit_prefilled(sched, self._arrived, self.kv_cache, self.eos_token_ids, self.max_model_len)
@@ -269,7 +268,7 @@ class LLMEngine(TensorParallelEngine):
         self.speculator.record(events)
         if self.kv_connector is not None:
             ship_kv(self.kv_connector, self.kv_cache, touched)
-        outs = self._outputs(touched, now)
+        outs = self._outputs(touched, now, final_only)
         if not sched.has_unfinished():    # an idle engine holds no blocks: there may be no next step for a while
             sched.reap()
         self._record(batch, events, outs, t0, t1, times)
@@ -288,26 +287,29 @@ class LLMEngine(TensorParallelEngine):
         self.stats.append(st)
         self.totals.add(st)
 
-    def _forget(self, seq: Sequence) -> None:
-        """The request has ended and its final output is out: the engine lets go of it."""
+    def _forget(self, seq: Sequence) -> None:  # (it has ended and its final output is out)
         held = self.requests.pop(seq.request_id, None)
         if self.debug:
             assert held is seq, f"request {seq.request_id} ended twice"
 
-    def _outputs(self, touched: list[Sequence], now: float) -> list[RequestOutput]:
-        """The step's outputs, one per request touched (all its samples in it); the requests that
-        ended are forgotten. If decoding is interrupted (Ctrl-C in a slow tokenizer), the step's
-        tokens still stand and no ended request is lost: their final outputs go out with the next
-        `step()` (with text None where not yet decoded)."""
+    def _outputs(self, touched: list[Sequence], now: float, final_only: bool = False) -> list[RequestOutput]:
+        """The step's outputs, one per request touched (all its samples in it; `final_only`: those
+        that ended, vLLM's FINAL_ONLY, for `generate()`); the requests that ended are forgotten. If
+        decoding is interrupted (Ctrl-C in a slow tokenizer), the step's tokens still stand and no ended
+        request is lost: their final outputs go out with the next `step()` (text None if not decoded)."""
         heads = request_heads(touched)
         outs: list[RequestOutput] = []
+        done = 0  # (heads advanced)
         try:
             for s in heads:
-                outs.append(request_output_now(s, now, self.tokenizer, self.eos_token_ids))
+                texts = advance_request(s, now, self.tokenizer, self.eos_token_ids)  # (stop strings: every step)
+                if not final_only or request_finished(s):
+                    outs.append(snapshot(s, texts))
+                done += 1
         finally:
-            if len(outs) < len(heads):  # interrupted
+            if done < len(heads):  # interrupted
                 self._undelivered += [o for o in outs if o.finished] + \
-                    [snapshot(s, None) for s in heads[len(outs):] if request_finished(s)]
+                    [snapshot(s, None) for s in heads[done:] if request_finished(s)]
             for s in heads:
                 if request_finished(s):
                     self._forget(s)
@@ -344,7 +346,7 @@ class LLMEngine(TensorParallelEngine):
         remaining = len(seqs)
         try:
             while remaining and self.scheduler.has_unfinished():
-                for out in self._step():
+                for out in self._step(final_only=True):
                     i = mine.get(out.request_id)
                     if i is None:
                         if out.finished:  # someone else's request: its final output waits for the next step()

@@ -15,7 +15,7 @@ from inflight.engine.outputs import RequestOutput, request_output
 from inflight.engine.parallel_sampling import request_samples
 from inflight.engine.sequence import Sequence, fail
 
-__all__ = ["request_heads", "request_output_now", "detokenize", "snapshot"]
+__all__ = ["request_heads", "request_output_now", "advance_request", "detokenize", "snapshot"]
 
 
 def request_heads(touched: Seq[Sequence]) -> list[Sequence]:
@@ -27,8 +27,17 @@ def request_output_now(head: Sequence, now: float, tokenizer: Any, eos_token_ids
                        ) -> RequestOutput:
     """The output of `head`'s request after this step's tokens; a sample whose text cannot be
     decoded ends with an error (the others go on)."""
+    return snapshot(head, advance_request(head, now, tokenizer, eos_token_ids))
+
+
+def advance_request(head: Sequence, now: float, tokenizer: Any, eos_token_ids: frozenset[int] = frozenset()
+                    ) -> list[str | None]:
+    """Everything a step's new tokens do to `head`'s request short of a snapshot: each sample's
+    text so far (a stop string in it ends the sample; text that cannot be decoded ends it with an
+    error) and its log-probability entries' text. Returns the samples' texts. (Run every step for
+    every request touched, snapshot or not: a stop string must end a request when it appears.)"""
     samples = request_samples(head)
-    texts = []
+    texts: list[str | None] = []
     for s in samples:
         text, error = detokenize(s, now, eos_token_ids)
         if error is not None and s.finish_reason != "error":
@@ -38,7 +47,7 @@ def request_output_now(head: Sequence, now: float, tokenizer: Any, eos_token_ids
         texts.append(text)
     if head.prompt_logprobs is not None:
         fill_decoded(head.prompt_logprobs, tokenizer)
-    return request_output(samples, texts, head.params.n)
+    return texts
 
 
 def detokenize(s: Sequence, now: float, eos_token_ids: frozenset[int] = frozenset()) -> tuple[str | None, str | None]:
