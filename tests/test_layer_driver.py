@@ -252,3 +252,33 @@ def test_the_logits_rows_asked_for_are_those_op_by_op_gives(rows):
     driven, ops, steps = _both(model, ids, metas, kv, idx)
     assert steps == 1 and torch.equal(driven, ops) and driven.shape == (len(idx), cfg.vocab_size)
     assert _same_cache(kv)
+
+
+@needs_c
+def test_a_token_id_outside_the_vocabulary_is_the_op_by_op_error():
+    cfg = CONFIGS["gqa"]
+    model = LlamaModel(cfg).eval()
+    ids, metas, kv = _step(cfg, [1, 3], [10, 3], seed=7)
+    ids[2] = cfg.vocab_size + 3
+    errors = []
+    for i, ctx in enumerate([torch.no_grad(), layer_driver.op_by_op()]):
+        with pytest.raises(IndexError) as err, ctx, torch.inference_mode():
+            model(ids, metas[i].positions, metas[i], kv[i])
+        errors.append(str(err.value))
+    assert errors[0] == errors[1]
+    assert _same_cache(kv)
+
+
+@needs_c
+def test_positions_past_the_rotary_table_are_left_to_the_op_by_op_path():
+    """Positions given apart from the metadata (here past every context) are checked in C against
+    the rotary table; beyond it the step is refused before anything is written and runs op by op."""
+    cfg = CONFIGS["gqa"]
+    model = LlamaModel(cfg).eval()
+    ids, metas, kv = _step(cfg, [1, 1], [10, 20], seed=8)
+    far = metas[0].positions + 5000
+    with torch.inference_mode():
+        driven = model(ids, far, metas[0], kv[0])
+        with layer_driver.op_by_op():
+            ops = model(ids, far.clone(), metas[1], kv[1])
+    assert torch.equal(driven, ops) and _same_cache(kv)

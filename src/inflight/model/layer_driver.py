@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,8 @@ class _Layer(ctypes.Structure):
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [("gemm", _p), ("norm", _p), ("silu", _p), ("rotary", _p), ("attention", _p), ("layers", _p),
+    _fields_ = [("ids", _p), ("positions", _p), ("embed", _p), ("rope_cos", _p), ("rope_sin", _p), ("vocab_rows", _i64),
+                ("rope_rows", _i64), ("gemm", _p), ("norm", _p), ("silu", _p), ("rotary", _p), ("attention", _p), ("layers", _p),
                 ("num_layers", _i64), ("T", _i64), ("hidden", _i64), ("H", _i64), ("KV", _i64), ("D", _i64),
                 ("inter", _i64), ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("cos", _p), ("sin", _p),
                 ("slot_mapping", _p), ("num_blocks", _i64), ("block_size", _i64), ("block_tables", _p),
@@ -141,7 +143,8 @@ def _weights(model: Any) -> list[torch.Tensor | None]:
                 m = m._modules[part]
             out.append(m._parameters.get(name))
     head = model._modules["lm_head"]._parameters
-    return out + [model._modules["norm"]._parameters["weight"], head["weight"], head.get("bias")]
+    return out + [model._modules["embed_tokens"]._parameters["weight"], model._modules["norm"]._parameters["weight"],
+                  head["weight"], head.get("bias")]
 
 
 def _layer_table(model: Any, kv_cache: Any) -> tuple[ctypes.Array, torch.Tensor] | None:
@@ -190,28 +193,39 @@ def _align(n: int) -> int:
     return (n + 15) // 16 * 16  # every buffer starts on a 64-byte line
 
 
-def _plan(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any, kv_cache: Any):
-    """(kernels, driver, layer table, attention's block tables and lengths) where the driver may take
-    this step -- where each of its kernels would run in C op by op -- else None."""
+def _rope_table(model: Any, positions: torch.Tensor, meta: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The model's float32 rotary tables (`LlamaModel._rope_rows`), made or grown to cover the
+    step's contexts; None where there are none (the C checks every position against them)."""
+    table = model._rope_table
+    if table is None or table[0].shape[0] < meta.max_context_len or table[0].dtype is not torch.float32:
+        model._rope(positions, torch.float32)
+        table = model._rope_table
+    return table if table is not None and table[0].dtype is torch.float32 else None
+
+
+def _plan(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any, kv_cache: Any):
+    """(kernels, driver, layer table, rotary tables, attention's block tables and lengths) where the
+    driver may take this step -- where each of its kernels would run in C op by op -- else None.
+    (Plain attribute checks: a torch operator here would cost more than the rest of the step's Python.)"""
     if _state["off"] or model.tp is not None or torch.is_grad_enabled() or \
             torch.autograd.profiler._is_profiler_enabled or model.attention_backend.name not in ("auto", "c"):
         return None
-    if not fused_ops._fusable(x, cos, sin):  # (what the op-by-op layer asks of its fused passes)
-        return None
-    T = x.shape[0]
-    cfg = model.config
+    T, cfg = input_ids.shape[0], model.config
     H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    kc = kv_cache.k_cache[0]
-    if not (1 <= T <= skinny_gemm.MAX_ROWS and x.dim() == 2 and cos.numel() == T * D and sin.shape == cos.shape
-            and D % 2 == 0 and kc.dim() == 4 and tuple(kc.shape[2:]) == (KV, D)
-            and cpu_attention.supports(x.new_empty(0, H, D), kc)):
+    kc, vc = kv_cache.k_cache[0], kv_cache.v_cache[0]
+    if not (1 <= T <= skinny_gemm.MAX_ROWS and input_ids.dtype is torch.int64 and positions.dtype is torch.int64
+            and input_ids.is_cpu and positions.is_cpu and input_ids.is_contiguous() and positions.is_contiguous()
+            and positions.shape == input_ids.shape and D % 2 == 0 and H % KV == 0 and H // KV <= 64
+            and kc.dim() == 4 and tuple(kc.shape[2:]) == (KV, D) and vc.shape == kc.shape
+            and fused_ops._fusable(kc, vc)):  # (float32 CPU caches; what the op-by-op layer asks of its passes)
         return None
     batch = _attention_batch(model, meta)
     if batch is None or _turned_off():
         return None
     kernels, lib = _kernels(), load()
     table = _layer_table(model, kv_cache) if kernels is not None and lib is not None else None
-    if table is None:
+    rope = _rope_table(model, positions, meta) if table is not None else None
+    if rope is None:
         return None
     tables, lens = batch
     slots = meta.slot_mapping
@@ -221,7 +235,19 @@ def _plan(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, met
         return None
     if any(not (c.is_contiguous() and c.dtype is torch.float32) for c in kv_cache.k_cache + kv_cache.v_cache):
         return None
-    return kernels, lib, table, tables, lens
+    return kernels, lib, table, rope, tables, lens
+
+
+def _scratch(model: Any, floats: int) -> torch.Tensor:
+    """This thread's scratch buffer for `model`'s steps, kept between steps and grown to the largest
+    (what the driver writes there never leaves a step: the logits get a tensor of their own)."""
+    local = model.__dict__.get("_layer_driver_scratch")
+    if local is None:
+        local = model.__dict__["_layer_driver_scratch"] = threading.local()
+    buf = getattr(local, "buf", None)
+    if buf is None or buf.numel() < floats:
+        local.buf = buf = torch.empty(max(floats, 0 if buf is None else 2 * buf.numel()), dtype=torch.float32)
+    return buf
 
 
 def _tail_rows(model: Any, T: int, logits_indices: torch.Tensor | None) -> int | None:
@@ -238,52 +264,55 @@ def _tail_rows(model: Any, T: int, logits_indices: torch.Tensor | None) -> int |
     return R if 1 <= R <= skinny_gemm.MAX_ROWS and head.bias is None else None
 
 
-def run(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any, kv_cache: Any,
+def run(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any, kv_cache: Any,
         logits_indices: torch.Tensor | None = None):
-    """The decoder layers of `model` over one step: x `[T, hidden]` (the embeddings) -> (the last
-    layer's output, the residual stream's running sum, the float32 logits of `logits_indices`' rows
-    -- or of every row -- or None where the final norm and LM head are left to the caller), as the
-    op-by-op path computes them; None where the driver does not take the step (nothing was touched),
-    or `REFUSED` (see there)."""
-    plan = _plan(model, x, cos, sin, meta, kv_cache)
+    """`model`'s step from token ids to logits: (float32 logits of `logits_indices`' rows -- or of
+    every row --, None, None), or (None, the last layer's output, the residual stream's running sum)
+    where the final norm and LM head are left to the caller (who must use them before the next step:
+    they live in scratch), as the op-by-op path computes them; None where the driver does not take
+    the step (nothing was touched), or `REFUSED` (see there)."""
+    plan = _plan(model, input_ids, positions, meta, kv_cache)
     if plan is None:
         return None
-    (gemm, norm, silu, rotary, attn), lib, (table, lm_panels), tables, lens = plan
-    cfg, T = model.config, x.shape[0]
+    (gemm, norm, silu, rotary, attn), lib, (table, lm_panels), (rope_cos, rope_sin), tables, lens = plan
+    cfg, T = model.config, input_ids.shape[0]
     H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     hidden, inter, width = cfg.hidden_size, cfg.intermediate_size, (H + 2 * KV) * D
     num_blocks, block_size = kv_cache.k_cache[0].shape[:2]
     threads = max(1, thread_pool.threads())
     R = _tail_rows(model, T, logits_indices)
-    vocab = model.lm_head.weight.shape[0]
+    embed, vocab = model.embed_tokens.weight, model.lm_head.weight.shape[0]
     # the attention wrapper's workspace: one work item's scores and sums of weights per thread
     per_thread = H * (max(1, min(meta.max_context_len, tables.shape[1] * block_size)) + 1)
-    sizes = [T * hidden, T * hidden, T * width, T * H * D, T * H * D, T * 2 * inter, T * inter, threads * per_thread]
-    sizes += [0, 0, 0, 0] if R is None else [R * hidden, R * hidden, R * hidden, R * vocab]
-    buf = torch.empty(sum(_align(n) for n in sizes), dtype=torch.float32)
-    ptrs, at = [], 0
+    # y, x, h, qkv, q, attention's output, gate|up, SwiGLU's output, workspace, cos, sin; the tail's rows
+    sizes = [T * hidden, T * hidden, T * hidden, T * width, T * H * D, T * H * D, T * 2 * inter, T * inter,
+             threads * per_thread, T * D, T * D] + ([0, 0, 0] if R is None else [R * hidden] * 3)
+    buf = _scratch(model, sum(_align(n) for n in sizes))
+    ptrs, at = [], buf.data_ptr()
     for n in sizes:
-        ptrs.append(buf.data_ptr() + 4 * at)
-        at += _align(n)
+        ptrs.append(at)
+        at += 4 * _align(n)
+    logits = None if R is None else torch.empty(R, vocab, dtype=torch.float32)
     clocks = _state["clocks"]
     seconds = (ctypes.c_double * 3)() if clocks else None
     tail = (None, None, None, 0, 0, None, None, None, None, None) if R is None else (
         model.norm.weight.data_ptr(), lm_panels.data_ptr(), None, vocab, R,
-        None if logits_indices is None else logits_indices.data_ptr(), *ptrs[8:12])
-    step = _Step(gemm, norm, silu, rotary, attn, ctypes.addressof(table), len(model.layers), T, hidden, H, KV, D,
-                 inter, cfg.rms_norm_eps, model.layers[0].self_attn.scale, cos.data_ptr(), sin.data_ptr(),
-                 meta.slot_mapping.data_ptr(), num_blocks, block_size, tables.data_ptr(), tables.shape[1],
-                 lens.data_ptr(), ptrs[7], per_thread, threads, x.data_ptr(), ptrs[0], *ptrs[1:7],
-                 None if seconds is None else ctypes.addressof(seconds), -1, *tail)
+        None if logits_indices is None else logits_indices.data_ptr(), *ptrs[11:14], logits.data_ptr())
+    step = _Step(input_ids.data_ptr(), positions.data_ptr(), embed.data_ptr(), rope_cos.data_ptr(),
+                 rope_sin.data_ptr(), embed.shape[0], rope_cos.shape[0], gemm, norm, silu, rotary, attn,
+                 ctypes.addressof(table), len(model.layers), T, hidden, H, KV, D, inter, cfg.rms_norm_eps,
+                 model.layers[0].self_attn.scale, ptrs[9], ptrs[10], meta.slot_mapping.data_ptr(), num_blocks,
+                 block_size, tables.data_ptr(), tables.shape[1], lens.data_ptr(), ptrs[8], per_thread, threads,
+                 ptrs[1], ptrs[0], *ptrs[2:8], None if seconds is None else ctypes.addressof(seconds), -1, *tail)
     rc = lib.inflight_decoder_layers_f32(ctypes.byref(step))
     if seconds is not None:
         _clock(seconds, meta, len(model.layers), R is not None)
     if rc != 0:
         return REFUSED
     model.attention_backend.last_used = "c"
-    at = sum(_align(n) for n in sizes[:11])
-    logits = None if R is None else buf[at:at + R * vocab].view(R, vocab)
-    return buf[:T * hidden].view(T, hidden), x, logits
+    if logits is not None:
+        return logits, None, None
+    return None, buf[:T * hidden].view(T, hidden), buf[_align(T * hidden):_align(T * hidden) + T * hidden].view(T, hidden)
 
 
 def _clock(seconds: ctypes.Array, meta: Any, layers: int, with_tail: bool) -> None:

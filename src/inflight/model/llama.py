@@ -299,19 +299,16 @@ class LlamaModel(nn.Module):
             raise ValueError(f"{input_ids.numel()} tokens but the metadata describes {meta.num_tokens}")
         if kv_cache.num_layers != len(self.layers):
             raise ValueError(f"KV cache has {kv_cache.num_layers} layers, model has {len(self.layers)}")
-        x, residual = self.embed_tokens(input_ids), None
-        cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
-        # on a CPU, every layer in one C call where each of its kernels would run in C anyway
+        # on a CPU, the whole step in one C call where each of its kernels would run in C anyway
         # (`layer_driver`: the same kernels, the same bits, without the Python between them)
-        # (and the final norm and LM head, where they would too)
-        driven = layer_driver.run(self, x, cos, sin, meta, kv_cache, logits_indices)
-        if driven is layer_driver.REFUSED:  # a kernel refused the step: again op by op, which says why
-            x, driven = self.embed_tokens(input_ids), None
-        if driven is not None:
-            x, residual, logits = driven
+        driven = layer_driver.run(self, input_ids, positions, meta, kv_cache, logits_indices)
+        if driven is not None and driven is not layer_driver.REFUSED:  # (refused: op by op, which says why)
+            logits, x, residual = driven
             if logits is not None:
                 return logits
         else:
+            x, residual = self.embed_tokens(input_ids), None
+            cos, sin = self._rope(positions, x.dtype)  # once per step, shared by every layer
             for layer in self.layers:
                 x, residual = layer(x, residual, cos, sin, meta, kv_cache, self.attention_backend)
         if self.tp is not None and self.tp.rank != 0:

@@ -10,8 +10,11 @@
  * This file adds no arithmetic. It calls those same compiled kernels (their entry points, handed in
  * by inflight/model/layer_driver.py) in the order the Python layer does, with the same arguments,
  * on buffers carved once per step, so its results are the op-by-op path's to the bit. What it saves
- * is the Python between them. The final norm and the LM head come with it where the LM head would
- * run in C too; the embedding and the rotary tables stay in Python (two lookups a step).
+ * is the Python between them, and the torch operators around them: the embedding and the rotary
+ * tables are looked up here (row copies), and the final norm and the LM head come with it where the
+ * LM head would run in C too. (After a step has streamed the weights and the KV cache through the
+ * CPU's caches, the interpreter's own code and objects come back from memory: a few torch calls
+ * between two steps then cost ten times what they cost warm.)
  *
  * Built on first use by inflight/model/layer_driver.py (cc -O2 -shared -fPIC); no threads of its own:
  * each kernel shares out its work as it always does (parallel.h).
@@ -40,6 +43,11 @@ struct layer {
 };
 
 struct step {
+    /* the head: token ids -> rows of the embedding (vocab_rows of them), positions -> rows of the
+     * rotary tables (rope_rows of them), into x and cos/sin */
+    const int64_t *ids, *positions;
+    const float *embed, *rope_cos, *rope_sin;
+    int64_t vocab_rows, rope_rows;
     gemm_fn gemm;
     norm_fn norm;
     silu_fn silu;
@@ -48,7 +56,7 @@ struct step {
     const struct layer *layers;
     int64_t num_layers, T, hidden, H, KV, D, inter;
     float eps, scale;
-    const float *cos, *sin;           /* [T, D] */
+    float *cos, *sin;                 /* [T, D], filled from the tables */
     const int64_t *slot_mapping;      /* [T] */
     int64_t num_blocks, block_size;
     /* attention's queries: n = T rows over these tables (a decode step's sequences, or every token
@@ -59,7 +67,7 @@ struct step {
     float *workspace;
     int64_t workspace_per_thread;
     int threads;
-    /* x: the embeddings in, the residual stream's running sum out; y: the last layer's output out */
+    /* x: the embeddings, then the residual stream's running sum; y: the last layer's output */
     float *x, *y;
     float *h, *qkv_out, *q, *attn;    /* scratch: [T, hidden], [T, (H + 2 KV) D], [T, H D] x 2 */
     float *gate_up_out, *act;         /* scratch: [T, 2 inter], [T, inter] */
@@ -106,14 +114,23 @@ static void tail(struct step *s) {
 
 /* Returns 0; or the rotary pass's refusal (-1 - t: token t's slot is outside the cache), or the
  * attention kernel's (-1, or -2 - i), both checked by the kernels before they write anything, with
- * `failed_layer` set; or INT32_MIN when a row asked for logits is not a row of the step (checked
- * before anything is written). */
+ * `failed_layer` set; or, before anything is written, INT32_MIN when a row asked for logits is not
+ * a row of the step, INT32_MIN + 1 when a token id or a position is outside its table. */
 int inflight_decoder_layers_f32(struct step *s) {
     const int64_t T = s->T, hidden = s->hidden, H = s->H, KV = s->KV, D = s->D, inter = s->inter;
     const int64_t width = (H + 2 * KV) * D, slots = s->num_blocks * s->block_size;
     if (s->lm_head && s->rows)
         for (int64_t r = 0; r < s->R; r++)
             if (s->rows[r] < 0 || s->rows[r] >= T) return INT32_MIN;
+    for (int64_t t = 0; t < T; t++)
+        if (s->ids[t] < 0 || s->ids[t] >= s->vocab_rows || s->positions[t] < 0 || s->positions[t] >= s->rope_rows)
+            return INT32_MIN + 1;
+    /* the embedding's rows and the rotary tables' rows (F.embedding and index_select: copies) */
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(s->x + t * hidden, s->embed + s->ids[t] * hidden, (size_t)hidden * sizeof(float));
+        memcpy(s->cos + t * D, s->rope_cos + s->positions[t] * D, (size_t)D * sizeof(float));
+        memcpy(s->sin + t * D, s->rope_sin + s->positions[t] * D, (size_t)D * sizeof(float));
+    }
     for (int64_t l = 0; l < s->num_layers; l++) {
         const struct layer *w = s->layers + l;
         int rc = 0;
