@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from inflight.model import attention as attn, fused_ops
 from inflight.model import cpu_attention
+from inflight.model.attention_metadata import AttentionMetadata
 from test_kv_cache_attention import _naive, _random_batch
 
 needs_kernel = pytest.mark.skipif(cpu_attention.load() is None, reason=f"no C kernel here: {cpu_attention.build_error()}")
@@ -36,6 +37,35 @@ def test_a_sequence_gets_the_same_bits_alone_or_in_a_large_batch(kvh, g):
         alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
                                                          meta.context_lens[i:i + 1], 0.3)
         assert torch.equal(alone, batched[i:i + 1]), f"sequence {i}"
+
+
+@needs_kernel
+@pytest.mark.parametrize("room", [cpu_attention.ATTN_TILE, 3])
+@pytest.mark.parametrize("kvh, g, block_size, D", [(1, 1, 16, 64), (2, 2, 16, 64), (2, 3, 5, 24), (1, 4, 1, 12)])
+def test_a_prompts_tokens_scored_as_a_tile_get_the_bits_of_one_at_a_time(kvh, g, block_size, D, room, monkeypatch):
+    """A prompt chunk's consecutive tokens are attended a tile at a time (each key block in L1 for
+    all of them); each token's arithmetic is its own, so the tile changes no bit -- with decodes
+    around it, tiles cut by a smaller workspace, tokens whose block tables part, and a sibling on the
+    same blocks whose length doesn't follow."""
+    monkeypatch.setattr(cpu_attention, "ATTN_TILE", room)  # workspace for `room` tokens: smaller tiles
+    gen = torch.Generator().manual_seed(kvh * 100 + g * 10 + block_size)
+    prompt = list(range(30, 30 + 45))  # 45 tokens of one prompt at positions 30..74: tiles of 8 and a tail
+    ctx = [50, 3] + prompt + [74, 12]  # then a sibling at the prompt's last length on its blocks (n > 1)
+    q, kc, vc, meta = _random_batch(gen, [1] * len(ctx), ctx, block_size, kvh, g, D)
+    first, last = 2, 2 + len(prompt) - 1
+    rows = meta.block_tables.tolist()
+    shared = rows[last][:-(-ctx[last] // block_size)]  # the prompt's table: its last token's blocks
+    parted = [shared[1], shared[0]] + shared[2:]  # ... and, from token 30 on, two blocks swapped
+    tables = [r[:-(-c // block_size)] for r, c in zip(rows, ctx)]
+    for i in range(first, last + 2):
+        tables[i] = (shared if i < first + 30 else parted)[:-(-ctx[i] // block_size)]
+    meta = AttentionMetadata.build([1] * len(ctx), ctx, tables, block_size)
+    tiled = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    for i in range(len(ctx)):
+        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
+                                                         meta.context_lens[i:i + 1], 0.3)
+        assert torch.equal(alone, tiled[i:i + 1]), f"query {i} (context {ctx[i]})"
+    torch.testing.assert_close(tiled, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel
