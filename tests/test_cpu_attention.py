@@ -40,16 +40,15 @@ def test_a_sequence_gets_the_same_bits_alone_or_in_a_large_batch(kvh, g):
 
 
 @needs_kernel
-@pytest.mark.parametrize("room", [cpu_attention.ATTN_TILE, 3])
 @pytest.mark.parametrize("kvh, g, block_size, D", [(1, 1, 16, 64), (2, 2, 16, 64), (2, 3, 5, 24), (1, 4, 1, 12)])
-def test_a_prompts_tokens_scored_as_a_tile_get_the_bits_of_one_at_a_time(kvh, g, block_size, D, room, monkeypatch):
-    """A prompt chunk's consecutive tokens are attended a tile at a time (each key block in L1 for
-    all of them); each token's arithmetic is its own, so the tile changes no bit -- with decodes
-    around it, tiles cut by a smaller workspace, tokens whose block tables part, and a sibling on the
-    same blocks whose length doesn't follow."""
-    monkeypatch.setattr(cpu_attention, "ATTN_TILE", room)  # workspace for `room` tokens: smaller tiles
+def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, block_size, D):
+    """A prompt chunk's tokens come to the kernel as consecutive queries over one block table (a
+    thread may take several in a row, their blocks already in cache); each token's arithmetic is its
+    own, so the call's other queries change no bit -- with decodes around them, tokens whose block
+    tables part, and a sibling on the same blocks whose length doesn't follow. (Commit 4c6ccf5 took
+    such runs a tile at a time; this test held it to the bit.)"""
     gen = torch.Generator().manual_seed(kvh * 100 + g * 10 + block_size)
-    prompt = list(range(30, 30 + 45))  # 45 tokens of one prompt at positions 30..74: tiles of 8 and a tail
+    prompt = list(range(30, 30 + 45))  # 45 tokens of one prompt at positions 30..74
     ctx = [50, 3] + prompt + [74, 12]  # then a sibling at the prompt's last length on its blocks (n > 1)
     q, kc, vc, meta = _random_batch(gen, [1] * len(ctx), ctx, block_size, kvh, g, D)
     first, last = 2, 2 + len(prompt) - 1

@@ -73,18 +73,6 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | Non
     return not (torch.is_grad_enabled() and q.requires_grad)
 
 
-#: a prompt's consecutive tokens the kernel scores together while their keys sit in L1 (csrc's
-#: INFLIGHT_ATTN_TILE); the workspace below has room for that many
-ATTN_TILE = 8
-
-
-def workspace_per_thread(num_heads: int, longest: int, table_span: int) -> int:
-    """Floats of scratch one thread needs: a tile of ATTN_TILE queries' scores and sums of weights, up to
-    H heads x (the context + the tile) each -- a context no longer than the block table covers (the
-    kernel refuses a longer one before reading anything)."""
-    return ATTN_TILE * num_heads * (max(1, min(longest, table_span)) + ATTN_TILE)
-
-
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode attention, q `[n, H, D]` (one token per sequence) over the paged cache -> `[n, H, D]`;
@@ -111,7 +99,10 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lens = context_lens.to(device="cpu", dtype=torch.int32).contiguous()
     out = torch.empty_like(q)
     threads = max(1, thread_pool.threads())
-    per_thread = workspace_per_thread(H, int(lens.max()) if n else 1, tables.shape[1] * block_size)
+    # one work item's scores and sums of weights: up to H heads x (its context + 1) (no longer than its
+    # block table covers; the kernel refuses a longer context before reading anything)
+    longest = min(int(lens.max()), tables.shape[1] * block_size) if n else 1
+    per_thread = H * (max(1, longest) + 1)
     work = torch.empty(threads * per_thread, dtype=torch.float32)
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), n, H, kvh, D, block_size, scale, work.data_ptr(), per_thread, threads, out.data_ptr())

@@ -81,37 +81,8 @@ static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-/* one query's scores for the first `rows` rows of a block whose first key is key j0 (kb: its first
- * row, at kv head g0): in groups of four keys while four are left, then one by one. w holds the
- * query's heads' scores L floats apart. */
-static inline void score_rows(const float *q, const float *kb, int64_t rows, int64_t j0, int64_t L,
-                              int64_t g0, int64_t g1, int64_t G, int64_t D, int64_t row, float scale, float *w) {
-    const int64_t heads = (g1 - g0) * G;
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        for (int64_t g = 0; g < g1 - g0; g++) {
-            const float *k = kb + r * row + g * D;
-            int64_t h = g * G;
-            for (; h + 2 <= (g + 1) * G; h += 2) {  /* the group's heads two at a time */
-                float sa[4], sb[4];
-                dot4x2(q + h * D, q + (h + 1) * D, k, k + row, k + 2 * row, k + 3 * row, D, sa, sb);
-                for (int l = 0; l < 4; l++) w[h * L + j0 + r + l] = sa[l] * scale, w[(h + 1) * L + j0 + r + l] = sb[l] * scale;
-            }
-            if (h < (g + 1) * G) {  /* an odd group size: the last head alone */
-                float s[4];
-                dot4(q + h * D, k, k + row, k + 2 * row, k + 3 * row, D, s);
-                for (int l = 0; l < 4; l++) w[h * L + j0 + r + l] = s[l] * scale;
-            }
-        }
-    }
-    for (; r < rows; r++)
-        for (int64_t h = 0; h < heads; h++) w[h * L + j0 + r] = dot(q + h * D, kb + r * row + h / G * D, D) * scale;
-}
-
-/* One work item: kv heads g0..g1-1 of T queries of one sequence that follow each other (a prompt's
- * tokens t = 0..T-1 at context lengths L0 + t, over the same block table; T = 1 for a decode), i.e.
- * query heads g0*G..g1*G-1 of each; w holds T * (g1 - g0) * G * (L0 + T) floats: the scores, then each
- * head's sum of weights. Query t's heads start at q + t * q_stride, its output at out + t * q_stride.
+/* One work item: kv heads g0..g1-1 of one sequence, i.e. query heads g0*G..g1*G-1; w holds
+ * (g1 - g0) * G * (L + 1) floats: the scores, then each head's sum of weights.
  *
  * At a large batch memory sets the pace, so the loops follow the cache's layout. A token's row holds
  * all kv heads side by side, so an item that takes all of a sequence's kv heads reads each block as
@@ -122,13 +93,6 @@ static inline void score_rows(const float *q, const float *kb, int64_t rows, int
  * where the item before it on the same thread was the same prompt's previous token, which has just
  * brought every one of those blocks into cache (asking again cost a tenth of a prompt's attention).
  *
- * A prompt's tokens share their keys and values: the T queries of a tile take each block in turn
- * while it sits in L1, so a prompt's K and V stream from L2 once per tile instead of once per token
- * (a 448-token prompt's K and V are 229 KB here: L2, not L1, and the L2's bandwidth was what one query
- * at a time waited on). Every query's arithmetic is untouched: the same keys scored the same way in
- * the same groups of four, the same softmax, its output summed over the rows in the same order -- the
- * results are bit for bit what one query at a time gives.
- *
  * The query heads of a kv group are scored two at a time (dot4x2): each key row loaded serves both,
  * and four scores' horizontal sums are one vector step (sum8x4). Both add up every score exactly as
  * dot does, so the results are bit for bit what one head at a time gives.
@@ -138,12 +102,11 @@ static inline void score_rows(const float *q, const float *kb, int64_t rows, int
  * stays in registers while the value rows of a block stream past, instead of being loaded and stored
  * back for every row. Each head's arithmetic (which products are summed, in what order) is the same
  * however the heads are grouped and whatever else is in the batch. */
-static void attend(const float *q, int64_t q_stride, int64_t T, const float *k_cache, const float *v_cache,
-                   const int32_t *table, int64_t L0, int64_t g0, int64_t g1, int64_t G, int64_t num_kv_heads,
-                   int64_t D, int64_t block_size, float scale, int prefetch, float *w, float *out) {
+static void attend(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
+                   int64_t L, int64_t g0, int64_t g1, int64_t G, int64_t num_kv_heads, int64_t D,
+                   int64_t block_size, float scale, int prefetch, float *w, float *out) {
     const int64_t heads = (g1 - g0) * G, span = (g1 - g0) * D;  /* floats of one token's row we read */
     const int64_t row = num_kv_heads * D, block = block_size * row;  /* strides in the cache */
-    const int64_t L = L0 + T - 1;  /* the longest query's context: every score row is L floats apart */
     const int64_t blocks = (L + block_size - 1) / block_size;
 #define FIRST_ROW(cache, b) ((cache) + (int64_t)table[b] * block + g0 * D)
 #define PREFETCH_BLOCK(cache, b)                                                                  \
@@ -156,71 +119,73 @@ static void attend(const float *q, int64_t q_stride, int64_t T, const float *k_c
     for (int64_t b = 0; b < blocks; b++) {  /* scores: each key row read once for the G heads that share it */
         PREFETCH_BLOCK(k_cache, b + 1);
         const float *kb = FIRST_ROW(k_cache, b);
-        const int64_t j0 = b * block_size;
-        for (int64_t t = 0; t < T; t++)  /* the tile's tokens while the block is in L1 */
-            score_rows(q + t * q_stride, kb, L0 + t - j0 < block_size ? L0 + t - j0 : block_size, j0, L, g0, g1,
-                       G, D, row, scale, w + t * heads * L);
-    }
-    float *total = w + T * heads * L;  /* each query head's sum of weights */
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t Lt = L0 + t;
-        for (int64_t h = 0; h < heads; h++) {  /* softmax numerators, normalised at the end */
-            float *s = w + (t * heads + h) * L, m = -INFINITY;
-            int64_t j = 0;
-            v8 mx = splat(-INFINITY);  /* the maximum: in any order, it is exact */
-            for (; j + 8 <= Lt; j += 8) { v8 x = load8(s + j); mx = select8(x > mx, x, mx); }
-            for (int l = 0; l < 8; l++) m = mx[l] > m ? mx[l] : m;
-            for (; j < Lt; j++) m = s[j] > m ? s[j] : m;
-            v8 sum = {0.f}, top = splat(m);
-            for (j = 0; j + 8 <= Lt; j += 8) { v8 e = exp8(load8(s + j) - top); store8(s + j, e); sum += e; }
-            if (j < Lt) {  /* the last Lt % 8 scores through the same code, in a zero-padded register */
-                v8 e = exp8(load_tail(s + j, Lt - j) - top);
-                for (int64_t l = 0; l < Lt - j; l++) s[j + l] = e[l], sum[l] += e[l];
+        int64_t j0 = b * block_size, rows = L - j0 < block_size ? L - j0 : block_size, r = 0;
+        for (; r + 4 <= rows; r += 4) {
+            for (int64_t g = 0; g < g1 - g0; g++) {
+                const float *k = kb + r * row + g * D;
+                int64_t h = g * G;
+                for (; h + 2 <= (g + 1) * G; h += 2) {  /* the group's heads two at a time */
+                    float sa[4], sb[4];
+                    dot4x2(q + h * D, q + (h + 1) * D, k, k + row, k + 2 * row, k + 3 * row, D, sa, sb);
+                    for (int l = 0; l < 4; l++) w[h * L + j0 + r + l] = sa[l] * scale, w[(h + 1) * L + j0 + r + l] = sb[l] * scale;
+                }
+                if (h < (g + 1) * G) {  /* an odd group size: the last head alone */
+                    float s[4];
+                    dot4(q + h * D, k, k + row, k + 2 * row, k + 3 * row, D, s);
+                    for (int l = 0; l < 4; l++) w[h * L + j0 + r + l] = s[l] * scale;
+                }
             }
-            total[t * heads + h] = sum8(sum);
         }
-        memset(out + t * q_stride, 0, (size_t)(heads * D) * sizeof(float));
+        for (; r < rows; r++)
+            for (int64_t h = 0; h < heads; h++) w[h * L + j0 + r] = dot(q + h * D, kb + r * row + h / G * D, D) * scale;
     }
+    float *total = w + heads * L;  /* each head's sum of weights */
+    for (int64_t h = 0; h < heads; h++) {  /* softmax numerators, normalised at the end */
+        float *s = w + h * L, m = -INFINITY;
+        int64_t j = 0;
+        v8 mx = splat(-INFINITY);  /* the maximum: in any order, it is exact */
+        for (; j + 8 <= L; j += 8) { v8 x = load8(s + j); mx = select8(x > mx, x, mx); }
+        for (int l = 0; l < 8; l++) m = mx[l] > m ? mx[l] : m;
+        for (; j < L; j++) m = s[j] > m ? s[j] : m;
+        v8 sum = {0.f}, top = splat(m);
+        for (j = 0; j + 8 <= L; j += 8) { v8 e = exp8(load8(s + j) - top); store8(s + j, e); sum += e; }
+        if (j < L) {  /* the last L % 8 scores through the same code, in a zero-padded register */
+            v8 e = exp8(load_tail(s + j, L - j) - top);
+            for (int64_t l = 0; l < L - j; l++) s[j + l] = e[l], sum[l] += e[l];
+        }
+        total[h] = sum8(sum);
+    }
+    memset(out, 0, (size_t)(heads * D) * sizeof(float));
     PREFETCH_BLOCK(v_cache, 0);
     for (int64_t b = 0; b < blocks; b++) {  /* values: each block read from memory once, then from L1 per head */
         PREFETCH_BLOCK(v_cache, b + 1);
         const float *vb = FIRST_ROW(v_cache, b);
-        const int64_t j0 = b * block_size;
-        for (int64_t t = 0; t < T; t++) {
-            int64_t Lt = L0 + t, rows = Lt - j0 < block_size ? Lt - j0 : block_size;
-            for (int64_t h = 0; h < heads; h++) {
-                const float *vh = vb + h / G * D, *wh = w + (t * heads + h) * L + j0;
-                float *o = out + t * q_stride + h * D;
-                int64_t d = 0;
-                for (; d + 64 <= D; d += 64) {  /* 64 of the head's outputs stay in eight registers over the rows */
-                    v8 a0 = load8(o + d), a1 = load8(o + d + 8), a2 = load8(o + d + 16), a3 = load8(o + d + 24);
-                    v8 a4 = load8(o + d + 32), a5 = load8(o + d + 40), a6 = load8(o + d + 48), a7 = load8(o + d + 56);
-                    for (int64_t r = 0; r < rows; r++) {
-                        const float *v = vh + r * row + d;
-                        v8 wj = splat(wh[r]);
-                        a0 += wj * load8(v), a1 += wj * load8(v + 8), a2 += wj * load8(v + 16), a3 += wj * load8(v + 24);
-                        a4 += wj * load8(v + 32), a5 += wj * load8(v + 40), a6 += wj * load8(v + 48), a7 += wj * load8(v + 56);
-                    }
-                    store8(o + d, a0), store8(o + d + 8, a1), store8(o + d + 16, a2), store8(o + d + 24, a3);
-                    store8(o + d + 32, a4), store8(o + d + 40, a5), store8(o + d + 48, a6), store8(o + d + 56, a7);
+        int64_t j0 = b * block_size, rows = L - j0 < block_size ? L - j0 : block_size;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *vh = vb + h / G * D, *wh = w + h * L + j0;
+            float *o = out + h * D;
+            int64_t d = 0;
+            for (; d + 64 <= D; d += 64) {  /* 64 of the head's outputs stay in eight registers over the rows */
+                v8 a0 = load8(o + d), a1 = load8(o + d + 8), a2 = load8(o + d + 16), a3 = load8(o + d + 24);
+                v8 a4 = load8(o + d + 32), a5 = load8(o + d + 40), a6 = load8(o + d + 48), a7 = load8(o + d + 56);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *v = vh + r * row + d;
+                    v8 wj = splat(wh[r]);
+                    a0 += wj * load8(v), a1 += wj * load8(v + 8), a2 += wj * load8(v + 16), a3 += wj * load8(v + 24);
+                    a4 += wj * load8(v + 32), a5 += wj * load8(v + 40), a6 += wj * load8(v + 48), a7 += wj * load8(v + 56);
                 }
-                for (; d < D; d++)  /* a head size that isn't a multiple of 64: the rest one float at a time */
-                    for (int64_t r = 0; r < rows; r++) o[d] += wh[r] * vh[r * row + d];
+                store8(o + d, a0), store8(o + d + 8, a1), store8(o + d + 16, a2), store8(o + d + 24, a3);
+                store8(o + d + 32, a4), store8(o + d + 40, a5), store8(o + d + 48, a6), store8(o + d + 56, a7);
             }
+            for (; d < D; d++)  /* a head size that isn't a multiple of 64: the rest one float at a time */
+                for (int64_t r = 0; r < rows; r++) o[d] += wh[r] * vh[r * row + d];
         }
     }
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < heads; h++)
-            for (int64_t d = 0; d < D; d++) out[t * q_stride + h * D + d] /= total[t * heads + h];
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t d = 0; d < D; d++) out[h * D + d] /= total[h];
 #undef PREFETCH_BLOCK
 #undef FIRST_ROW
 }
-
-/* queries per tile: a prompt's consecutive tokens taken together (work items are handed out this many
- * at a time when a step holds prompt tokens, so that a tile is not cut by the hand-out) */
-#ifndef INFLIGHT_ATTN_TILE
-#define INFLIGHT_ATTN_TILE 8
-#endif
 
 struct decode_args {
     const float *q, *k_cache, *v_cache;
@@ -233,43 +198,27 @@ struct decode_args {
     int64_t workspace_per_thread;
     float *out;
     int64_t per_item;  /* kv heads per work item: all of a sequence's, or one */
-    int64_t tile;      /* most queries per tile (1: one at a time) */
 };
 
-/* rows i and j of the block tables agree on the blocks that a context of L tokens reads */
-static int same_blocks(const struct decode_args *a, int64_t i, int64_t j, int64_t L) {
-    const int32_t *x = a->block_tables + i * a->max_blocks, *y = a->block_tables + j * a->max_blocks;
-    return memcmp(x, y, (size_t)((L + a->block_size - 1) / a->block_size) * sizeof(int32_t)) == 0;
-}
-
-/* work items [i0, i1): item = sequence * (kv_heads / per_item) + group of kv heads; where items are
- * whole sequences and follow each other as one prompt's tokens, up to `tile` of them in one call */
+/* work items [i0, i1): item = sequence * (kv_heads / per_item) + group of kv heads */
 static void decode_items(void *ctx, int64_t i0, int64_t i1, int tid) {
     const struct decode_args *a = ctx;
     int64_t groups = a->num_kv_heads / a->per_item, G = a->num_heads / a->num_kv_heads;
-    const int32_t *lens = a->context_lens;
-    for (int64_t item = i0; item < i1;) {
-        int64_t i = item / groups, g0 = item % groups * a->per_item, T = 1;
-        if (groups == 1)  /* the tokens after it: the same prompt, one position further each, room for their scores */
-            while (item + T < i1 && T < a->tile && lens[i + T] == lens[i] + T &&
-                   (T + 1) * a->num_heads * (lens[i] + T + 1) <= a->workspace_per_thread &&
-                   same_blocks(a, i, i + T, lens[i] + T))
-                T++;
+    for (int64_t item = i0; item < i1; item++) {
+        int64_t i = item / groups, g0 = item % groups * a->per_item;
         /* the item before it, on this thread, read the same blocks (a prompt's previous token): they
          * are in cache, and asking for them again only costs time */
         const int32_t *table = a->block_tables + i * a->max_blocks;
-        int hot = item > i0 && groups == 1 && lens[i] == lens[i - 1] + 1 && table[0] == table[-a->max_blocks];
-        const int64_t at = (i * a->num_heads + g0 * G) * a->D;
-        attend(a->q + at, a->num_heads * a->D, T, a->k_cache, a->v_cache, table, lens[i], g0, g0 + a->per_item, G,
-               a->num_kv_heads, a->D, a->block_size, a->scale, !hot, a->workspace + tid * a->workspace_per_thread,
-               a->out + at);
-        item += T;
+        int hot = item > i0 && groups == 1 && a->context_lens[i] == a->context_lens[i - 1] + 1 &&
+                  table[0] == table[-a->max_blocks];
+        attend(a->q + (i * a->num_heads + g0 * G) * a->D, a->k_cache, a->v_cache, a->block_tables + i * a->max_blocks,
+               a->context_lens[i], g0, g0 + a->per_item, G, a->num_kv_heads, a->D, a->block_size, a->scale, !hot,
+               a->workspace + tid * a->workspace_per_thread, a->out + (i * a->num_heads + g0 * G) * a->D);
     }
 }
 
 /* q [n, H, D], caches [num_blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
- * context_lens [n] int32, out [n, H, D]; workspace: threads * H * (max(context_lens) + 1) floats at least;
- * a tile of T prompt tokens needs T times that (with less, tiles are smaller).
+ * context_lens [n] int32, out [n, H, D]; workspace: threads * H * (max(context_lens) + 1) floats.
  * Returns 0, or -1 (head counts), or -2 - i when sequence i's context length or block table would
  * read outside the cache: checked before anything is read, so a bad table is an error, not a crash. */
 int inflight_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, int64_t num_blocks,
@@ -281,9 +230,8 @@ int inflight_paged_decode_f32(const float *q, const float *k_cache, const float 
     if (G < 1 || G > 64 || num_heads % num_kv_heads) return -1;
     /* whole sequences per work item when there are enough of them to share out (contiguous reads);
      * otherwise one item per (sequence, kv head), so a small batch still keeps every thread busy */
-    int64_t per_item = n >= 4 * (int64_t)threads ? num_kv_heads : 1, follow = 0;
+    int64_t per_item = n >= 4 * (int64_t)threads ? num_kv_heads : 1;
     for (int64_t i = 0; i < n; i++) {
-        follow += i > 0 && context_lens[i] == context_lens[i - 1] + 1;  /* a prompt's next token */
         int64_t L = context_lens[i];
         if (L < 1 || L > max_blocks * block_size || (L + 1) * per_item * G > workspace_per_thread)
             return (int)(-2 - i);
@@ -292,11 +240,8 @@ int inflight_paged_decode_f32(const float *q, const float *k_cache, const float 
             if (blk < 0 || blk >= num_blocks) return (int)(-2 - i);
         }
     }
-    /* a step that is mostly prompt tokens hands its items out a tile at a time; decodes two at a time,
-     * which shares a small batch out more evenly */
-    int64_t tile = per_item == num_kv_heads && 2 * follow >= n ? INFLIGHT_ATTN_TILE : 1;
     struct decode_args a = {q, k_cache, v_cache, block_tables, max_blocks, context_lens, num_heads, num_kv_heads, D,
-                            block_size, scale, workspace, workspace_per_thread, out, per_item, tile};
-    parallel_for(n * (num_kv_heads / per_item), threads, tile > 2 ? tile : 2, decode_items, &a);
+                            block_size, scale, workspace, workspace_per_thread, out, per_item};
+    parallel_for(n * (num_kv_heads / per_item), threads, 2, decode_items, &a);
     return 0;
 }
