@@ -59,12 +59,12 @@ def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, bloc
     for i in range(first, last + 2):
         tables[i] = (shared if i < first + 30 else parted)[:-(-ctx[i] // block_size)]
     meta = AttentionMetadata.build([1] * len(ctx), ctx, tables, block_size)
-    tiled = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
     for i in range(len(ctx)):
         alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
                                                          meta.context_lens[i:i + 1], 0.3)
-        assert torch.equal(alone, tiled[i:i + 1]), f"query {i} (context {ctx[i]})"
-    torch.testing.assert_close(tiled, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+        assert torch.equal(alone, together[i:i + 1]), f"query {i} (context {ctx[i]})"
+    torch.testing.assert_close(together, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel
