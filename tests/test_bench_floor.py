@@ -82,5 +82,5 @@ def test_the_linear_layers_are_timed_with_whichever_implementation_is_faster(mon
     few = profiling.measure_linear_layers(model, 4, repeats=1, min_seconds=0.0)
     assert few > 0 and len(calls) == (2 if profiling.skinny_gemm.load() is not None else 1)
     calls.clear()
-    many = profiling.measure_linear_layers(model, profiling.skinny_gemm.MAX_ROWS + 1, repeats=1, min_seconds=0.0)
+    many = profiling.measure_linear_layers(model, profiling.skinny_gemm.max_rows() + 1, repeats=1, min_seconds=0.0)
     assert many > 0 and len(calls) == 1  # past the kernel's rows: torch only

@@ -49,6 +49,29 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_any_number_of_threads():
         torch.set_num_threads(before)
 
 
+@needs_c
+@pytest.mark.skipif(skinny_gemm.lanes() != 16, reason="the kernel is built 8 wide here (no AVX-512)")
+def test_the_16_wide_tile_gives_the_bits_of_the_8_wide_one():
+    """Built for AVX-512 the kernel takes two panels and eight rows a tile, 16 lanes a register; built
+    without it (-mno-avx512f: what a CPU without AVX-512 runs), six rows and 8 lanes. Each output is
+    the same chain of multiply-adds either way, so the two agree to the bit: a reader's CPU changes
+    the speed, never the tokens."""
+    from inflight.model import c_build, thread_pool
+
+    narrow = c_build.LazyLibrary(skinny_gemm.SOURCE, skinny_gemm.FLAGS + ["-mno-avx512f"], skinny_gemm.SYMBOLS,
+                                 skinny_gemm._declare).load()
+    assert narrow is not None and narrow.inflight_gemm_lanes() == 8
+    gen = torch.Generator().manual_seed(3)
+    for M, K, N, bias in [(1, 256, 512, False), (7, 688, 256, True), (9, 256, 1376, False), (37, 250, 1029, True),
+                          (64, 256, 257, False), (300, 64, 48, True), (5, 3, 17, False)]:
+        x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
+        b = torch.randn(N, generator=gen) if bias else None
+        out = torch.empty(M, N)
+        narrow.inflight_packed_gemm_f32(x.data_ptr(), M, K, skinny_gemm.panels(w).data_ptr(), N,
+                                        None if b is None else b.data_ptr(), out.data_ptr(), thread_pool.threads())
+        assert torch.equal(skinny_gemm.kernel_linear(x, w, b), out), (M, K, N, bias)
+
+
 @pytest.mark.parametrize("case", ["no_rows", "many_rows", "float64", "grad", "not_contiguous", "three_d", "reference_only"])
 def test_what_the_kernel_does_not_take_goes_to_torch(case):
     gen = torch.Generator().manual_seed(1)
@@ -56,7 +79,7 @@ def test_what_the_kernel_does_not_take_goes_to_torch(case):
     if case == "no_rows":
         x = x[:0]
     elif case == "many_rows":
-        x = torch.randn(skinny_gemm.MAX_ROWS + 1, 16, generator=gen)
+        x = torch.randn(skinny_gemm.max_rows() + 1, 16, generator=gen)
     elif case == "float64":
         x, w = x.double(), w.double()
     elif case == "grad":

@@ -10,7 +10,7 @@ results are the op-by-op path's to the bit (tested), and the Python between the 
 
 `run` takes a step only where every kernel of it would run in C anyway: float32 on the CPU, no
 gradient, no tensor parallelism (a row-parallel layer all-reduces in Python), at most
-`skinny_gemm.MAX_ROWS` tokens (more go to torch's GEMM), attention the C kernel's for the whole
+`skinny_gemm.max_rows()` tokens (more go to torch's GEMM), attention the C kernel's for the whole
 step, and no torch profiler running (so a profile still shows each kernel under its own name).
 Anything else -- or `INFLIGHT_LAYER_DRIVER=0`, or inside `op_by_op()` -- runs the layers op by op.
 """
@@ -213,7 +213,7 @@ def _plan(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: An
     T, cfg = input_ids.shape[0], model.config
     H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     kc, vc = kv_cache.k_cache[0], kv_cache.v_cache[0]
-    if not (1 <= T <= skinny_gemm.MAX_ROWS and input_ids.dtype is torch.int64 and positions.dtype is torch.int64
+    if not (1 <= T <= skinny_gemm.max_rows() and input_ids.dtype is torch.int64 and positions.dtype is torch.int64
             and input_ids.is_cpu and positions.is_cpu and input_ids.is_contiguous() and positions.is_contiguous()
             and positions.shape == input_ids.shape and D % 2 == 0 and H % KV == 0 and H // KV <= 64
             and kc.dim() == 4 and tuple(kc.shape[2:]) == (KV, D) and vc.shape == kc.shape
@@ -261,7 +261,7 @@ def _tail_rows(model: Any, T: int, logits_indices: torch.Tensor | None) -> int |
     else:
         return None
     head = model.lm_head
-    return R if 1 <= R <= skinny_gemm.MAX_ROWS and head.bias is None else None
+    return R if 1 <= R <= skinny_gemm.max_rows() and head.bias is None else None
 
 
 def run(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any, kv_cache: Any,

@@ -7,8 +7,10 @@ shape the C kernel in `csrc/skinny_gemm.c`, which multiplies by weights packed o
 output columns at a time, k-major) with a 6 x 16 tile of the output in registers, is faster. vLLM
 has the same idea for its GPUs ("skinny GEMMs" for small batches).
 
-Every output of the kernel is one fixed chain of multiply-adds, whatever else is in the batch. More than `MAX_ROWS`
-rows stay with torch, whose blocked GEMM is the faster there. Anything else — another dtype or device, a gradient, no
+Every output of the kernel is one fixed chain of multiply-adds, whatever else is in the batch. Built for a CPU with
+AVX-512 its tile is 16 floats wide (the same bits, twice the arithmetic per instruction) and it outruns torch's BLAS
+at every size measured; built 8 wide, more than 256 rows stay with torch, whose blocked GEMM is the faster there
+(`max_rows()`). Anything else — another dtype or device, a gradient, no
 compiler, `INFLIGHT_CPU_KERNEL=0`, `fused_ops.reference_only()` — runs `torch.nn.functional.linear`.
 """
 from __future__ import annotations
@@ -22,24 +24,31 @@ import torch.nn.functional as F
 
 from inflight.model import c_build, fused_ops, thread_pool
 
-__all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "MAX_ROWS"]
+__all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "max_rows", "lanes", "MAX_ROWS",
+           "MAX_ROWS_WIDE"]
 
 SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
-SYMBOLS = ("inflight_packed_gemm_f32", "inflight_use_pool", "inflight_parallel_backend")
+SYMBOLS = ("inflight_packed_gemm_f32", "inflight_gemm_lanes", "inflight_use_pool", "inflight_parallel_backend")
 PANEL = 16  # output columns per packed panel (csrc/skinny_gemm.c)
 PROFILER_NAME = "inflight::skinny_gemm_c"
-#: the most rows the kernel takes. `python -m inflight.bench.kernels.cpu` times all of the tiny
-#: model's linear layers for one step, the weights out of cache as in a serving step, against MKL
-#: (`results/cpu_kernel_cpu.json`); on the book's 2-core CPU the packed kernel is 1.3-2x faster at
-#: 1-32 rows, 1.1-1.3x at 48-256, and even at 384-512 (a prefill chunk stays with MKL).
+#: the most rows the kernel takes when it is built 8 floats wide (no AVX-512). `python -m
+#: inflight.bench.kernels.cpu` times all of the tiny model's linear layers for one step, the weights
+#: out of cache as in a serving step, against torch's BLAS (`results/cpu_kernel_cpu.json`): 8 wide,
+#: the packed kernel was 1.3-2x faster at 1-32 rows, 1.1-1.3x at 48-256, and even at 384-512 (a
+#: prefill chunk stays with the BLAS).
 MAX_ROWS = 256
+#: ... and when it is built 16 wide (AVX-512): faster than the BLAS at every size measured, 1-2048
+#: rows (the BLAS torch ships runs 8-wide code on this CPU); the bound keeps a step's scratch finite
+MAX_ROWS_WIDE = 2048
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.inflight_packed_gemm_f32.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
     lib.inflight_packed_gemm_f32.restype = None
+    lib.inflight_gemm_lanes.argtypes = []
+    lib.inflight_gemm_lanes.restype = ctypes.c_int
     thread_pool.attach(lib)
 
 
@@ -56,15 +65,34 @@ def build_error() -> str | None:
     return _library.build_error()
 
 
+_rows: list[int] = []  # max_rows(), once the library has been tried
+
+
+def lanes() -> int | None:
+    """Floats per vector in the compiled kernel's tile: 16 (AVX-512) or 8; None where it can't be built."""
+    lib = load()
+    return None if lib is None else int(lib.inflight_gemm_lanes())
+
+
+def max_rows() -> int:
+    """The most rows a step's linear layers send to the kernel (more go to torch): `MAX_ROWS_WIDE`
+    where it is built 16 wide, else `MAX_ROWS`."""
+    if not _rows:
+        _rows.append(MAX_ROWS_WIDE if lanes() == 16 else MAX_ROWS)
+    return _rows[0]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for x `[M, K]` and weight `[N, K]`, through the C kernel when
-    1 <= M <= MAX_ROWS and it can run here."""
-    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or weight.dim() != 2 or \
+    1 <= M <= max_rows() and it can run here."""
+    if x.dim() != 2 or x.shape[0] < 1 or weight.dim() != 2 or \
             x.shape[1] != weight.shape[1] or (bias is not None and bias.shape != (weight.shape[0],)):
         return F.linear(x, weight, bias)
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    lib = load() if fused_ops.runs_in_c(*tensors) else None
-    return F.linear(x, weight, bias) if lib is None else _run(lib, x, weight, bias)
+    lib = load() if fused_ops.runs_in_c(*tensors) else None  # (a GPU tensor never builds the library)
+    if lib is None or x.shape[0] > max_rows():
+        return F.linear(x, weight, bias)
+    return _run(lib, x, weight, bias)
 
 
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,9 +6,9 @@ hits all of them alike:
 - **attention alone**: every layer's attention for one decode step of B sequences with long-tailed
   contexts in scattered blocks (what a busy paged engine sees), C decode kernel vs reference, best of
   many runs;
-- **linear layers alone**: all of the model's linear layers for one step of 1 to 512 rows, the
+- **linear layers alone**: all of the model's linear layers for one step of 1 to 2048 rows, the
   weights pushed out of the CPU's caches first (as a step's attention does), torch's BLAS vs the
-  skinny-GEMM kernel, median of many runs: where `skinny_gemm.MAX_ROWS` comes from;
+  skinny-GEMM kernel, median of many runs: where `skinny_gemm.max_rows()` comes from;
 - **end to end**: the paged engine (the benchmark's mode 4) serving the long-tailed workload, each
   implementation `repeats` times: everything in torch ("torch"), the C attention kernel alone ("c"),
   and the C attention kernel plus the fused passes between the matrix multiplies and the skinny
@@ -47,7 +47,7 @@ ENGINE_IMPLS = ("torch", "c", "fused")
 #: CPU gives the C kernel whole steps of short prompts (and "c" by name takes decode-only steps alone)
 ENGINE_BACKEND = {"torch": "torch", "c": "auto", "fused": "auto"}
 ATTENTION_RAN = {"torch": "torch", "c": "c", "fused": "c"}  # what `last_used` must then say
-LINEAR_ROWS = (1, 2, 5, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+LINEAR_ROWS = (1, 2, 5, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
 FLUSH_BYTES = 64 << 20  # more than a server CPU's last-level cache: what a step's KV read does to the weights
 
 
@@ -172,7 +172,7 @@ def run(n: int = 256, repeats: int = 2, batch: int = 48) -> dict[str, Any]:
             "command": "python -m inflight.bench.kernels.cpu " + " ".join(sys.argv[1:]), "threads": threads.threads,
             "kernel_threads": cpu_attention.parallel_backend(), "machine_before": asdict(load_before), "machine_after": asdict(machine_load()),
             "batch": batch, "attention_step_ms": step, "attention_speedup": step["torch"] / step["c"],
-            "linear_step_ms": linear, "skinny_max_rows": skinny_gemm.MAX_ROWS, "end_to_end": e2e}
+            "linear_step_ms": linear, "skinny_max_rows": skinny_gemm.max_rows(), "skinny_lanes": skinny_gemm.lanes(), "end_to_end": e2e}
 
 
 def report(res: dict[str, Any]) -> str:
