@@ -68,6 +68,33 @@ def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, bloc
 
 
 @needs_kernel
+@pytest.mark.skipif(__import__("inflight.model.skinny_gemm", fromlist=["lanes"]).lanes() != 16,
+                    reason="no AVX-512 here: the kernel is built 8 wide only")
+@pytest.mark.parametrize("kvh, g, block_size, D", [(2, 2, 16, 64), (1, 3, 16, 64), (2, 1, 5, 24), (1, 4, 16, 8),
+                                                   (2, 2, 8, 128)])
+def test_the_avx512_build_gives_the_bits_of_the_8_wide_one(monkeypatch, kvh, g, block_size, D):
+    """Built for AVX-512 the kernel scores eight keys at a time, two in each 16-float register, and
+    sums values 16 lanes wide; each score and each output is the same chain of operations as the
+    8-wide build's (-mno-avx512f: what a CPU without AVX-512 runs), so the two agree to the bit --
+    decodes and a prompt's tokens alike, odd group sizes and contexts off the tile too. (Head sizes
+    that are multiples of 8, as every model the book serves has: a head size off the width ends in
+    scalar tails whose code the compiler picks per CPU, and at D = 12 the two builds differ in the
+    last bits -- the kernel before the 16-wide tile did too.)"""
+    from inflight.model import c_build
+
+    gen = torch.Generator().manual_seed(kvh * 100 + g * 10 + D)
+    ctx = [1, 7, 8, 9, 16, 17, 40, 63, 64, 65, 100] + list(range(20, 60))
+    q, kc, vc, meta = _random_batch(gen, [1] * len(ctx), ctx, block_size, kvh, g, D)
+    wide = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    narrow = c_build.LazyLibrary(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"], cpu_attention.SYMBOLS,
+                                 cpu_attention._declare)
+    assert narrow.load() is not None
+    monkeypatch.setattr(cpu_attention, "_library", narrow)
+    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
+                       wide)
+
+
+@needs_kernel
 def test_c_kernel_gives_the_same_bits_whatever_the_block_layout():
     """Each sequence is summed in position order, so where its blocks live changes nothing (chapter 5's check)."""
     gen = torch.Generator().manual_seed(5)

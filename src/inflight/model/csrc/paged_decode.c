@@ -76,6 +76,54 @@ static inline void dot4x2(const float *qa, const float *qb, const float *k0, con
     }
 }
 
+#if defined(__AVX512F__)
+/* Where the CPU has AVX-512 (-march=native turns __AVX512F__ on), two keys share a 16-float register:
+ * lanes 0-7 hold one key's eight partial sums, lanes 8-15 the next key's, each lane the same chain of
+ * multiply-adds as dot's, so every score keeps its bits; half the instructions for the products, and
+ * the horizontal sums of eight keys are a few vector steps (sum8x8) that end in one vector of eight
+ * scores. tests/test_cpu_attention.py checks this file built with and without AVX-512 bit for bit. */
+typedef float v16 __attribute__((vector_size(64)));
+static inline v16 load16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
+static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
+static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+/* eight floats at a and eight at b, side by side */
+static inline v16 join8(const float *a, const float *b) {
+    return __builtin_shufflevector(load8(a), load8(b), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* the sums of the eight keys' partials in A = [k0 | k1], B = [k2 | k3], C, D, each added up exactly
+ * as sum8 adds: ((p0 + p4) + (p1 + p5)) + ((p2 + p6) + (p3 + p7)) */
+static inline v8 sum8x8(v16 A, v16 B, v16 C, v16 D) {
+    v16 ab = __builtin_shufflevector(A, B, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             __builtin_shufflevector(A, B, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    v16 cd = __builtin_shufflevector(C, D, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             __builtin_shufflevector(C, D, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    /* per key [p0+p4, p1+p5, p2+p6, p3+p7]: pair the neighbours */
+    v16 p = __builtin_shufflevector(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+            __builtin_shufflevector(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    /* per key [(p0+p4)+(p1+p5), (p2+p6)+(p3+p7)]: the last step */
+    return __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+/* two query heads against eight keys k, k + row, ..., k + 7 row (n a multiple of 8): sa, sb */
+static inline void dot8x2(const float *qa, const float *qb, const float *k, int64_t row, int64_t n, v8 *sa, v8 *sb) {
+    v16 a0 = {0.f}, a1 = {0.f}, a2 = {0.f}, a3 = {0.f}, b0 = {0.f}, b1 = {0.f}, b2 = {0.f}, b3 = {0.f};
+    for (int64_t i = 0; i < n; i += 8) {
+        v8 xa8 = load8(qa + i), xb8 = load8(qb + i);
+        v16 x = __builtin_shufflevector(xa8, xa8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+        v16 y = __builtin_shufflevector(xb8, xb8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+        v16 kk;
+        kk = join8(k + i, k + row + i), a0 += x * kk, b0 += y * kk;
+        kk = join8(k + 2 * row + i, k + 3 * row + i), a1 += x * kk, b1 += y * kk;
+        kk = join8(k + 4 * row + i, k + 5 * row + i), a2 += x * kk, b2 += y * kk;
+        kk = join8(k + 6 * row + i, k + 7 * row + i), a3 += x * kk, b3 += y * kk;
+    }
+    *sa = sum8x8(a0, a1, a2, a3);
+    *sb = sum8x8(b0, b1, b2, b3);
+}
+#endif
+
 /* ask the memory system for n floats from p (one request per 64-byte cache line) */
 static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
@@ -120,6 +168,27 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
         PREFETCH_BLOCK(k_cache, b + 1);
         const float *kb = FIRST_ROW(k_cache, b);
         int64_t j0 = b * block_size, rows = L - j0 < block_size ? L - j0 : block_size, r = 0;
+#if defined(__AVX512F__)
+        if (D % 8 == 0)
+            for (; r + 8 <= rows; r += 8) {  /* eight keys at a time, two heads at a time, 16 lanes */
+                for (int64_t g = 0; g < g1 - g0; g++) {
+                    const float *k = kb + r * row + g * D;
+                    int64_t h = g * G;
+                    for (; h + 2 <= (g + 1) * G; h += 2) {
+                        v8 sa, sb;
+                        dot8x2(q + h * D, q + (h + 1) * D, k, row, D, &sa, &sb);
+                        store8(w + h * L + j0 + r, sa * splat(scale));
+                        store8(w + (h + 1) * L + j0 + r, sb * splat(scale));
+                    }
+                    if (h < (g + 1) * G) {  /* an odd group size: the last head alone, four keys at a time */
+                        float s4[8];
+                        dot4(q + h * D, k, k + row, k + 2 * row, k + 3 * row, D, s4);
+                        dot4(q + h * D, k + 4 * row, k + 5 * row, k + 6 * row, k + 7 * row, D, s4 + 4);
+                        for (int l = 0; l < 8; l++) w[h * L + j0 + r + l] = s4[l] * scale;
+                    }
+                }
+            }
+#endif
         for (; r + 4 <= rows; r += 4) {
             for (int64_t g = 0; g < g1 - g0; g++) {
                 const float *k = kb + r * row + g * D;
@@ -165,6 +234,17 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
             const float *vh = vb + h / G * D, *wh = w + h * L + j0;
             float *o = out + h * D;
             int64_t d = 0;
+#if defined(__AVX512F__)
+            for (; d + 64 <= D; d += 64) {  /* the same 64 outputs in four 16-float registers: each lane's chain unchanged */
+                v16 a0 = load16(o + d), a1 = load16(o + d + 16), a2 = load16(o + d + 32), a3 = load16(o + d + 48);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *v = vh + r * row + d;
+                    v16 wj = splat16(wh[r]);
+                    a0 += wj * load16(v), a1 += wj * load16(v + 16), a2 += wj * load16(v + 32), a3 += wj * load16(v + 48);
+                }
+                store16(o + d, a0), store16(o + d + 16, a1), store16(o + d + 32, a2), store16(o + d + 48, a3);
+            }
+#endif
             for (; d + 64 <= D; d += 64) {  /* 64 of the head's outputs stay in eight registers over the rows */
                 v8 a0 = load8(o + d), a1 = load8(o + d + 8), a2 = load8(o + d + 16), a3 = load8(o + d + 24);
                 v8 a4 = load8(o + d + 32), a5 = load8(o + d + 40), a6 = load8(o + d + 48), a7 = load8(o + d + 56);

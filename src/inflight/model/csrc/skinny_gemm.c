@@ -70,6 +70,7 @@ static inline void panel_tile(const float *x, int64_t K, const float *panel, int
 typedef float v16 __attribute__((vector_size(64)));
 #define PAIR_ROWS 8
 static inline v16 load16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
+static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 
 /* rows m0..m0+R-1 of x against panels p0 and p0 + 1 (whole: 32 columns); R <= PAIR_ROWS */
 static inline void pair_tile(const float *x, int64_t K, const float *panel, int64_t R, const float *bias,
@@ -80,7 +81,7 @@ static inline void pair_tile(const float *x, int64_t K, const float *panel, int6
     for (int64_t k = 0; k < K; k++) {
         v16 w0 = load16(panel + k * PANEL), w1 = load16(next + k * PANEL);
         for (int r = 0; r < R; r++) {
-            v16 xr = (v16){0.f} + x[r * K + k];
+            v16 xr = splat16(x[r * K + k]);
             a[r][0] += xr * w0, a[r][1] += xr * w1;
         }
     }
