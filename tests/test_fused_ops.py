@@ -74,6 +74,36 @@ def test_silu_and_mul_matches_the_reference_over_the_whole_float_range(inter):
 
 
 @needs_c
+@pytest.mark.skipif(__import__("inflight.model.skinny_gemm", fromlist=["lanes"]).lanes() != 16,
+                    reason="no AVX-512 here: the passes are built 8 wide only")
+def test_the_avx512_build_gives_the_bits_of_the_8_wide_one(monkeypatch):
+    """Built for AVX-512, SwiGLU takes sixteen lanes at a time (exp16: exp8's operations in the same
+    order, lane for lane); the file built with -mno-avx512f -- what a CPU without AVX-512 runs --
+    gives the same bits for all three passes, over the whole float range and at widths off 16."""
+    from inflight.model import c_build
+
+    gen = torch.Generator().manual_seed(11)
+    gate = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(4000, generator=gen) * 4,
+                      torch.tensor([0.0, -0.0, 1e-30, -1e-30, 87.0, -87.5, 89.0, -89.0])])
+    cases = []
+    for inter in (688, 24, 13):
+        g = gate[: gate.numel() // inter * inter].reshape(-1, inter)
+        cases.append(torch.cat([g, torch.randn(g.shape, generator=gen)], dim=-1))
+    x, res, w = torch.randn(70, 256, generator=gen), torch.randn(70, 256, generator=gen), torch.randn(256, generator=gen)
+
+    def run():
+        return [fused_ops.silu_and_mul(c) for c in cases] + list(fused_ops.rms_norm(x, w, 1e-5, res.clone()))
+
+    wide = run()
+    narrow = c_build.LazyLibrary(fused_ops.SOURCE, fused_ops.FLAGS + ["-mno-avx512f"], fused_ops.SYMBOLS,
+                                 fused_ops._declare)
+    assert narrow.load() is not None
+    monkeypatch.setattr(fused_ops, "_library", narrow)
+    for got, want in zip(run(), wide):
+        assert torch.equal(got, want)
+
+
+@needs_c
 def test_a_row_gets_the_same_bits_alone_or_in_a_batch():
     gen = torch.Generator().manual_seed(3)
     x, res, w = torch.randn(300, 256, generator=gen), torch.randn(300, 256, generator=gen), torch.randn(256, generator=gen)

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "parallel.h"
-#include "vec8.h"
+#include "vec16.h"
 
 /* q.k: eight partial sums in one register, added up in a fixed order (the same for every call) */
 static inline float dot(const float *q, const float *k, int64_t n) {
@@ -82,10 +82,6 @@ static inline void dot4x2(const float *qa, const float *qb, const float *k0, con
  * multiply-adds as dot's, so every score keeps its bits; half the instructions for the products, and
  * the horizontal sums of eight keys are a few vector steps (sum8x8) that end in one vector of eight
  * scores. tests/test_cpu_attention.py checks this file built with and without AVX-512 bit for bit. */
-typedef float v16 __attribute__((vector_size(64)));
-static inline v16 load16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
-static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
-static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 /* eight floats at a and eight at b, side by side */
 static inline v16 join8(const float *a, const float *b) {
     return __builtin_shufflevector(load8(a), load8(b), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);

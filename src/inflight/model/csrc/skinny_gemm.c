@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "parallel.h"
-#include "vec8.h"
+#include "vec16.h"
 
 /* products this large or larger (rows x columns x k) are shared out over the threads: in a serving
  * step the weights come from memory, and two cores read it faster than one; below, waking a sleeping
@@ -67,10 +67,7 @@ static inline void panel_tile(const float *x, int64_t K, const float *panel, int
  * spill registers; this one was the fastest of 6-14 rows measured.) Each lane still holds one
  * output's chain of multiply-adds over k in order, from zero: the bits of the 8-wide tile, which
  * tests/test_skinny_gemm.py checks against this file built without AVX-512. */
-typedef float v16 __attribute__((vector_size(64)));
 #define PAIR_ROWS 8
-static inline v16 load16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
-static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 
 /* rows m0..m0+R-1 of x against panels p0 and p0 + 1 (whole: 32 columns); R <= PAIR_ROWS */
 static inline void pair_tile(const float *x, int64_t K, const float *panel, int64_t R, const float *bias,
