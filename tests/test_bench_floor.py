@@ -1,6 +1,7 @@
 """The lower bounds of `inflight.bench.protocol.floor`: where the linear layers are timed, how a run's steps
 add up from that grid, and what the bounds say about a peer."""
 import pytest
+import torch
 
 from inflight.bench.protocol import floor as fl
 
@@ -84,3 +85,24 @@ def test_the_linear_layers_are_timed_with_whichever_implementation_is_faster(mon
     calls.clear()
     many = profiling.measure_linear_layers(model, profiling.skinny_gemm.max_rows() + 1, repeats=1, min_seconds=0.0)
     assert many > 0 and len(calls) == 1  # past the kernel's rows: torch only
+
+
+def test_the_matmul_roof_is_the_faster_of_torch_and_the_packages_gemm(monkeypatch):
+    """The prompt attention's floor is its arithmetic at the machine's matmul rate; on a CPU the
+    package's own GEMM may beat torch's BLAS (AVX-512 against 8-wide code), so both are timed on the
+    same product and the shorter time sets the rate -- a floor from the slower would not bound the
+    kernels that run faster. Elsewhere (another dtype) torch alone."""
+    from inflight.bench import profiling
+
+    times = iter([1.0, 0.5])  # torch's, then the kernel's
+    calls = []
+    monkeypatch.setattr(profiling, "_best_time", lambda fn, *a, **k: calls.append(fn) or next(times))
+    rate = profiling.measure_matmul_flops("cpu", torch.float32, n=64, repeats=1, min_seconds=0.0)
+    if profiling.skinny_gemm.load() is not None:
+        assert len(calls) == 2 and rate == pytest.approx(2 * 64**3 / 0.5)
+    else:
+        assert len(calls) == 1 and rate == pytest.approx(2 * 64**3 / 1.0)
+    calls.clear()
+    times = iter([1.0, 0.5])
+    profiling.measure_matmul_flops("cpu", torch.float64, n=64, repeats=1, min_seconds=0.0)
+    assert len(calls) == 1

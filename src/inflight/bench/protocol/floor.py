@@ -8,7 +8,8 @@ Two parts of every forward pass have a floor this machine can measure:
   fast as memory copies (`profiling.measure_memory_bandwidth`);
 - the **prefill attention's arithmetic**: every prompt token's query against every key before it
   (q·k and the probabilities times v: 4 · heads · head size FLOPs per pair, per layer) at the rate
-  this machine multiplies matrices (`profiling.measure_matmul_flops`). Decode attention is already
+  this machine multiplies matrices (`profiling.measure_matmul_flops`: the faster of torch's GEMM and
+  the package's own on an n×n product). Decode attention is already
   bound by its KV read; on a prompt-heavy workload this is the term that grows with the square of
   the prompt, and a floor without it flatters nothing but says little.
 
