@@ -26,26 +26,29 @@ static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2]
  * exponent bits (as 2^(n-1) * 2, so that n = 128 still has an exponent). Past expf's overflow point
  * the answer is infinity, as torch's is; below -86.6 it is about 1e-38 rather than a subnormal (silu
  * adds it to 1; a softmax weight that small is nothing next to the largest, which is 1). */
-static inline v8 exp8(v8 x) {
-    v8i overflow = x > splat(88.72283935546875f);
-    x = select8(x < splat(88.72283935546875f), x, splat(88.72283935546875f));
-    x = select8(x > splat(-86.6f), x, splat(-86.6f));
-    v8 fx = x * splat(1.44269504088896341f) + splat(0.5f);
-    v8i n = __builtin_convertvector(fx, v8i);            /* truncates towards zero ... */
-    n += (v8i)(__builtin_convertvector(n, v8) > fx);    /* ... so step down where fx < 0: floor */
-    v8 fn = __builtin_convertvector(n, v8);
-    x = x - fn * splat(0.693359375f) - fn * splat(-2.12194440e-4f);
-    v8 y = splat(1.9875691500e-4f);
-    y = y * x + splat(1.3981999507e-3f);
-    y = y * x + splat(8.3334519073e-3f);
-    y = y * x + splat(4.1665795894e-2f);
-    y = y * x + splat(1.6666665459e-1f);
-    y = y * x + splat(5.0000001201e-1f);
-    y = y * (x * x) + x + splat(1.f);
-    v8i bits = (n + 126) << 23;
-    v8 half_scale;
-    memcpy(&half_scale, &bits, sizeof half_scale);
-    return select8(overflow, splat(__builtin_inff()), y * half_scale * splat(2.f));
-}
+/* (one body for every vector width: vec16.h makes exp16 from it, the same operations lane for lane) */
+#define INFLIGHT_DEFINE_EXP(NAME, V, VI, SPLAT, SELECT)                                              \
+    static inline V NAME(V x) {                                                                      \
+        VI overflow = x > SPLAT(88.72283935546875f);                                                 \
+        x = SELECT(x < SPLAT(88.72283935546875f), x, SPLAT(88.72283935546875f));                     \
+        x = SELECT(x > SPLAT(-86.6f), x, SPLAT(-86.6f));                                             \
+        V fx = x * SPLAT(1.44269504088896341f) + SPLAT(0.5f);                                        \
+        VI n = __builtin_convertvector(fx, VI);            /* truncates towards zero ... */          \
+        n += (VI)(__builtin_convertvector(n, V) > fx);     /* ... so step down where fx < 0: floor */ \
+        V fn = __builtin_convertvector(n, V);                                                        \
+        x = x - fn * SPLAT(0.693359375f) - fn * SPLAT(-2.12194440e-4f);                              \
+        V y = SPLAT(1.9875691500e-4f);                                                               \
+        y = y * x + SPLAT(1.3981999507e-3f);                                                         \
+        y = y * x + SPLAT(8.3334519073e-3f);                                                         \
+        y = y * x + SPLAT(4.1665795894e-2f);                                                         \
+        y = y * x + SPLAT(1.6666665459e-1f);                                                         \
+        y = y * x + SPLAT(5.0000001201e-1f);                                                         \
+        y = y * (x * x) + x + SPLAT(1.f);                                                            \
+        VI bits = (n + 126) << 23;                                                                   \
+        V half_scale;                                                                                \
+        memcpy(&half_scale, &bits, sizeof half_scale);                                               \
+        return SELECT(overflow, SPLAT(__builtin_inff()), y * half_scale * SPLAT(2.f));               \
+    }
+INFLIGHT_DEFINE_EXP(exp8, v8, v8i, splat, select8)
 
 #endif
