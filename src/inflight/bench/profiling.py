@@ -194,8 +194,8 @@ def measure_linear_layers(model: torch.nn.Module, batch: int, repeats: int = 10,
     p = next(model.parameters())
     xs = [torch.randn(batch, m.in_features, device=p.device, dtype=p.dtype) for m in linears]
     impls = [lambda x, m: torch.nn.functional.linear(x, m.weight, m.bias)]
-    if batch <= skinny_gemm.max_rows() and p.device.type == "cpu" and p.dtype == torch.float32 and \
-            skinny_gemm.load() is not None:
+    if p.device.type == "cpu" and p.dtype == torch.float32 and skinny_gemm.load() is not None and \
+            batch <= skinny_gemm.max_rows():
         impls.append(lambda x, m: skinny_gemm.kernel_linear(x, m.weight, m.bias))
 
     with torch.inference_mode():

@@ -213,11 +213,12 @@ def _plan(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: An
     T, cfg = input_ids.shape[0], model.config
     H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     kc, vc = kv_cache.k_cache[0], kv_cache.v_cache[0]
-    if not (1 <= T <= skinny_gemm.max_rows() and input_ids.dtype is torch.int64 and positions.dtype is torch.int64
+    if not (T >= 1 and input_ids.dtype is torch.int64 and positions.dtype is torch.int64
             and input_ids.is_cpu and positions.is_cpu and input_ids.is_contiguous() and positions.is_contiguous()
             and positions.shape == input_ids.shape and D % 2 == 0 and H % KV == 0 and H // KV <= 64
             and kc.dim() == 4 and tuple(kc.shape[2:]) == (KV, D) and vc.shape == kc.shape
-            and fused_ops._fusable(kc, vc)):  # (float32 CPU caches; what the op-by-op layer asks of its passes)
+            and fused_ops._fusable(kc, vc)  # (float32 CPU caches; what the op-by-op layer asks of its passes)
+            and T <= skinny_gemm.max_rows()):  # (last: on a GPU the GEMM library is never built for the question)
         return None
     batch = _attention_batch(model, meta)
     if batch is None or _turned_off():
