@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inflight.model import attention as attn, fused_ops
-from inflight.model import cpu_attention
+from inflight.model import cpu_attention, skinny_gemm
 from inflight.model.attention_metadata import AttentionMetadata
 from test_kv_cache_attention import _naive, _random_batch
 
@@ -68,7 +68,7 @@ def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, bloc
 
 
 @needs_kernel
-@pytest.mark.skipif(__import__("inflight.model.skinny_gemm", fromlist=["lanes"]).lanes() != 16,
+@pytest.mark.skipif(skinny_gemm.lanes() != 16,
                     reason="no AVX-512 here: the kernel is built 8 wide only")
 @pytest.mark.parametrize("kvh, g, block_size, D", [(2, 2, 16, 64), (1, 3, 16, 64), (2, 1, 5, 24), (1, 4, 16, 8),
                                                    (2, 2, 8, 128)])

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from inflight.model import fused_ops
+from inflight.model import fused_ops, skinny_gemm
 
 needs_c = pytest.mark.skipif(fused_ops.load() is None, reason=f"no C compiler here: {fused_ops.build_error()}")
 
@@ -74,7 +74,7 @@ def test_silu_and_mul_matches_the_reference_over_the_whole_float_range(inter):
 
 
 @needs_c
-@pytest.mark.skipif(__import__("inflight.model.skinny_gemm", fromlist=["lanes"]).lanes() != 16,
+@pytest.mark.skipif(skinny_gemm.lanes() != 16,
                     reason="no AVX-512 here: the passes are built 8 wide only")
 def test_the_avx512_build_gives_the_bits_of_the_8_wide_one(monkeypatch):
     """Built for AVX-512, SwiGLU takes sixteen lanes at a time (exp16: exp8's operations in the same

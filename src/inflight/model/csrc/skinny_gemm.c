@@ -57,7 +57,6 @@ static inline void panel_tile(const float *x, int64_t K, const float *panel, int
     }
 }
 
-
 #if defined(__AVX512F__)
 /* Where the CPU has 512-bit vectors (AVX-512: -march=native turns __AVX512F__ on), a panel's row of
  * 16 weights is one register. Two panels side by side make a tile of up to 8 rows x 32 columns in
@@ -129,8 +128,6 @@ static void packed_panels(void *ctx, int64_t p0, int64_t p1, int tid) {
     }
 }
 
-/* x [M, K]; panels [ceil(N / 16), K, 16] (the weights packed, zeros past column N); bias [N] or NULL;
- * out [M, N] */
 /* floats per vector register the tiles use: 16 where built with AVX-512, else 8 (skinny_gemm.py sets
  * how many rows the kernel takes from it: the 16-wide tile outruns the BLAS at every size measured) */
 int inflight_gemm_lanes(void) {
@@ -141,6 +138,8 @@ int inflight_gemm_lanes(void) {
 #endif
 }
 
+/* x [M, K]; panels [ceil(N / 16), K, 16] (the weights packed, zeros past column N); bias [N] or NULL;
+ * out [M, N] */
 void inflight_packed_gemm_f32(const float *x, int64_t M, int64_t K, const float *panels, int64_t N,
                               const float *bias, float *out, int threads) {
     struct packed_args a = {x, panels, bias, M, K, N, out};
