@@ -94,6 +94,88 @@ def test_the_avx512_build_gives_the_bits_of_the_8_wide_one(monkeypatch, kvh, g, 
                        wide)
 
 
+def _prompt_runs(gen, prompts, decodes, block_size, kvh, g, D):
+    """Prefill chunks as the engine lays them out -- each prompt's tokens consecutive queries over its
+    own block table, positions start..end -- with decodes (other sequences) between them."""
+    spans = [(0, p) for p in prompts if isinstance(p, int)] + [p for p in prompts if not isinstance(p, int)]
+    need = [-(-end // block_size) for _, end in spans] + [-(-c // block_size) for c in decodes]
+    perm = torch.randperm(sum(need) + 2, generator=gen).tolist()
+    tables, at = [], 0
+    for n in need:
+        tables.append(perm[at:at + n])
+        at += n
+    ctx, rows = [], []
+    for k, c in enumerate(decodes[:1]):  # a decode before the first prompt
+        ctx.append(c), rows.append(tables[len(spans) + k])
+    for (start, end), table in zip(spans, tables):
+        for L in range(start + 1, end + 1):
+            ctx.append(L), rows.append(table[:-(-L // block_size)])
+    for k, c in enumerate(decodes[1:], 1):
+        ctx.append(c), rows.append(tables[len(spans) + k])
+    meta = AttentionMetadata.build([1] * len(ctx), ctx, rows, block_size)
+    n_blocks = len(perm)
+    k_cache = torch.randn(n_blocks, block_size, kvh, D, generator=gen)
+    v_cache = torch.randn(n_blocks, block_size, kvh, D, generator=gen)
+    return torch.randn(len(ctx), kvh * g, D, generator=gen), k_cache, v_cache, meta
+
+
+#: (kv heads, group size, block size, head size): one kv head and sixteen tokens a tile, two kv heads of
+#: two (the random models'), a group of three (five tokens, fifteen lanes), head sizes that end in a
+#: vector-at-a-time remainder (16, 48), a long head (128), blocks of 5 and 1, a group too wide to tile
+PROMPT_SHAPES = [(1, 1, 16, 64), (2, 2, 16, 64), (1, 3, 16, 64), (2, 2, 5, 48), (1, 2, 1, 16), (2, 1, 16, 128),
+                 (1, 16, 16, 64)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("kvh, g, block_size, D", PROMPT_SHAPES)
+def test_a_prompts_tokens_attended_as_tiles_get_the_bits_of_one_at_a_time(kvh, g, block_size, D):
+    """A prefill chunk's consecutive tokens are attended as tiles, their queries along the vector lanes
+    (the scores a matrix product, every score's summation order still dot's); each token's output must be
+    the bits it gets alone, which is the decode path. Prompts of every length around a tile's width,
+    a chunk that starts mid-prompt (its earlier tokens cached), decodes around them."""
+    gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D)
+    prompts = [1, 2, 7, 16, 17, 33, (40, 75), 130]
+    q, kc, vc, meta = _prompt_runs(gen, prompts, [9, 50, 3], block_size, kvh, g, D)
+    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    for i in range(q.shape[0]):
+        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
+                                                         meta.context_lens[i:i + 1], 0.3)
+        assert torch.equal(alone, together[i:i + 1]), f"query {i} (context {int(meta.context_lens[i])})"
+    torch.testing.assert_close(together, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.skipif(skinny_gemm.lanes() != 16,
+                    reason="no AVX-512 here: the kernel is built 8 wide only")
+@pytest.mark.parametrize("kvh, g, block_size, D", PROMPT_SHAPES)
+def test_prompt_tiles_of_16_and_of_8_lanes_give_the_same_bits(monkeypatch, kvh, g, block_size, D):
+    """Built 8 wide a tile holds eight queries, built for AVX-512 sixteen: different tiles, different
+    lanes, the same chain of operations for every score and output."""
+    from inflight.model import c_build
+
+    gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D + 1)
+    q, kc, vc, meta = _prompt_runs(gen, [3, 8, 16, 31, (20, 64), 100], [12, 70], block_size, kvh, g, D)
+    wide = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    narrow = c_build.LazyLibrary(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"], cpu_attention.SYMBOLS,
+                                 cpu_attention._declare)
+    assert narrow.load() is not None
+    monkeypatch.setattr(cpu_attention, "_library", narrow)
+    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
+                       wide)
+
+
+@needs_kernel
+def test_a_workspace_too_small_for_a_tile_takes_the_tokens_one_at_a_time(monkeypatch):
+    """The tile's scratch (queries transposed, scores, sums) is larger than a lone query's; handed only a
+    lone query's, the kernel attends the tokens one by one -- the same bits, no error."""
+    gen = torch.Generator().manual_seed(3)
+    q, kc, vc, meta = _prompt_runs(gen, [60], [5], 16, 2, 2, 64)
+    tiled = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    monkeypatch.setattr(cpu_attention, "workspace_per_thread", lambda H, D, longest, span: H * (min(longest, span) + 1))
+    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
+                       tiled)
+
+
 @needs_kernel
 def test_c_kernel_gives_the_same_bits_whatever_the_block_layout():
     """Each sequence is summed in position order, so where its blocks live changes nothing (chapter 5's check)."""

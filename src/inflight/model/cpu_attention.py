@@ -21,7 +21,8 @@ import torch
 
 from inflight.model import c_build, thread_pool
 
-__all__ = ["load", "build_error", "parallel_backend", "paged_decode_attention_cpu", "supports"]
+__all__ = ["load", "build_error", "parallel_backend", "paged_decode_attention_cpu", "supports",
+           "workspace_per_thread"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
@@ -73,6 +74,20 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | Non
     return not (torch.is_grad_enabled() and q.requires_grad)
 
 
+#: the widest tile of a prompt's tokens the kernel takes (csrc/paged_decode.c's TL: 16 lanes with
+#: AVX-512, else 8); the workspace below has room for it
+TILE_LANES = 16
+
+
+def workspace_per_thread(num_heads: int, head_size: int, longest: int, table_span: int) -> int:
+    """Floats of scratch one thread needs: a lone query's scores and sums of weights (H heads x its context
+    + 1), or a tile of a prompt's tokens (its queries transposed, their scores and sums: TILE_LANES x (D +
+    the context + 1)) -- for a context no longer than the block table covers (the kernel refuses a longer
+    one before reading anything)."""
+    L = max(1, min(longest, table_span))
+    return max(num_heads * (L + 1), TILE_LANES * (head_size + L + 1))
+
+
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode attention, q `[n, H, D]` (one token per sequence) over the paged cache -> `[n, H, D]`;
@@ -99,10 +114,7 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lens = context_lens.to(device="cpu", dtype=torch.int32).contiguous()
     out = torch.empty_like(q)
     threads = max(1, thread_pool.threads())
-    # one work item's scores and sums of weights: up to H heads x (its context + 1) (no longer than its
-    # block table covers; the kernel refuses a longer context before reading anything)
-    longest = min(int(lens.max()), tables.shape[1] * block_size) if n else 1
-    per_thread = H * (max(1, longest) + 1)
+    per_thread = workspace_per_thread(H, D, int(lens.max()) if n else 1, tables.shape[1] * block_size)
     work = torch.empty(threads * per_thread, dtype=torch.float32)
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), n, H, kvh, D, block_size, scale, work.data_ptr(), per_thread, threads, out.data_ptr())

@@ -283,8 +283,8 @@ def run(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,
     threads = max(1, thread_pool.threads())
     R = _tail_rows(model, T, logits_indices)
     embed, vocab = model.embed_tokens.weight, model.lm_head.weight.shape[0]
-    # the attention wrapper's workspace: one work item's scores and sums of weights per thread
-    per_thread = H * (max(1, min(meta.max_context_len, tables.shape[1] * block_size)) + 1)
+    # the attention kernel's workspace: one work item's scores and sums of weights per thread
+    per_thread = cpu_attention.workspace_per_thread(H, D, meta.max_context_len, tables.shape[1] * block_size)
     # y, x, h, qkv, q, attention's output, gate|up, SwiGLU's output, workspace, cos, sin; the tail's rows
     sizes = [T * hidden, T * hidden, T * hidden, T * width, T * H * D, T * H * D, T * 2 * inter, T * inter,
              threads * per_thread, T * D, T * D] + ([0, 0, 0] if R is None else [R * hidden] * 3)

@@ -1,5 +1,6 @@
-/* Paged decode attention on the CPU: one new query token per sequence, float32, keys and values read
- * in place from the block-paged cache.
+/* Paged attention on the CPU for a step's queries -- a decode's one new token, or each token of a
+ * prefill chunk as a query over its own prefix -- float32, keys and values read in place from the
+ * block-paged cache.
  *
  * The algorithm is the plain-torch reference's (inflight/model/attention.py): scores q.k * scale,
  * their maximum per query head, weights exp(score - max), and the weighted sum of the value rows
@@ -7,13 +8,16 @@
  * head of it when the batch is too small to share out) reads every key and value row of its context
  * exactly once, straight from its block (slot = block_tables[i][j / block_size] * block_size +
  * j % block_size), for all the query heads that share it (grouped-query attention) -- no index
- * tensors, no intermediate tensors, no per-operator dispatch. Work items are spread over the
- * package's threads (parallel.h).
+ * tensors, no intermediate tensors, no per-operator dispatch. A prefill chunk's consecutive tokens go
+ * a tile at a time, their queries along the vector lanes (attend_tile), in the same summation order,
+ * so a token's output has the same bits in a tile, alone, or as a decode. Work items are spread over
+ * the package's threads (parallel.h).
  *
  * Built on first use by inflight/model/cpu_attention.py (cc -O3 -march=native -shared -fPIC -fopenmp).
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "parallel.h"
 #include "vec16.h"
@@ -141,11 +145,12 @@ static inline void prefetch_span(const float *p, int64_t n) {
  * and four scores' horizontal sums are one vector step (sum8x4). Both add up every score exactly as
  * dot does, so the results are bit for bit what one head at a time gives.
  *
- * For a prefill chunk's queries the keys are already in cache and the arithmetic sets the pace, so
- * none of it is left to scalar code: the softmax is eight lanes at a time (exp8), and a head's output
- * stays in registers while the value rows of a block stream past, instead of being loaded and stored
- * back for every row. Each head's arithmetic (which products are summed, in what order) is the same
- * however the heads are grouped and whatever else is in the batch. */
+ * For a prompt's token that comes alone (runs of them go to attend_tile) the keys are already in cache
+ * and the arithmetic sets the pace, so none of it is left to scalar code: the softmax is eight lanes
+ * at a time (exp8), and a head's output stays in registers while the value rows of a block stream
+ * past, instead of being loaded and stored back for every row. Each head's arithmetic (which products
+ * are summed, in what order) is the same however the heads are grouped and whatever else is in the
+ * batch. */
 static void attend(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
                    int64_t L, int64_t g0, int64_t g1, int64_t G, int64_t num_kv_heads, int64_t D,
                    int64_t block_size, float scale, int prefetch, float *w, float *out) {
@@ -263,6 +268,174 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
 #undef FIRST_ROW
 }
 
+/* ---- A prompt's tokens together: the queries along the vector lanes ----
+ *
+ * A prefill chunk brings a prompt's tokens as consecutive queries over one block table; each reads the
+ * keys the one before it read, plus one. One query at a time, a score is a dot product that ends in a
+ * horizontal sum of eight lanes, and those sums (with their shuffles, scaling and stores) cost about as
+ * many instructions as the multiply-adds. Here up to TL queries that share a kv head -- the group's
+ * query heads for TL / G consecutive tokens -- sit side by side in the lanes (the queries transposed,
+ * Qt[d][lane]), and each key is one broadcast per element against all of them: a score matrix product
+ * with nothing horizontal left.
+ *
+ * The summation order stays dot's, so every score, weight and output has the bits the query would get
+ * alone (or as a decode): lane l of dot's accumulator is the chain of products of elements l, l+8,
+ * l+16, ... and sum8 adds the eight in the tree ((0+4)+(1+5))+((2+6)+(3+7)). Here each of those eight
+ * "element classes" is its own vector of partial sums (one lane per query), and the tree adds whole
+ * vectors. The softmax keeps its order the same way (the sum of weights in eight classes of key
+ * positions, added in sum8's tree), and each output is the chain over key positions in order.
+ * Each query's causal length is its own: keys past it get weight zero (not a score), which adds
+ * exact zeros to its sums. tests/test_cpu_attention.py holds every token of a tile to the bits of the
+ * same token alone. */
+#if defined(__AVX512F__)
+#define TL 16
+typedef v16 vt;
+typedef v16i vti;
+#define LOADT load16
+#define STORET store16
+#define SPLATT splat16
+#define SELECTT select16
+#define EXPT exp16
+#else
+#define TL 8
+typedef v8 vt;
+typedef v8i vti;
+#define LOADT load8
+#define STORET store8
+#define SPLATT splat
+#define SELECTT select8
+#define EXPT exp8
+#endif
+
+/* up to TL queries of one kv head over one block table: lane i is query q[i], output out[i], causal
+ * length len[i] (0 for a lane left empty) */
+struct tile {
+    int nq;
+    const float *q[TL];
+    float *out[TL];
+    int32_t len[TL];
+};
+
+/* floats of workspace a tile over Lmax keys needs: the queries transposed, the scores, the sums */
+static inline int64_t tile_workspace(int64_t Lmax, int64_t D) { return TL * (D + Lmax + 1); }
+
+/* the partial sums of element classes c and c + 4 of four keys k0..k3 against the tile's queries: the
+ * products of elements c, c+8, c+16, ... in that order (what lane c of dot's accumulator holds for each
+ * key) in A, those of c+4, c+12, ... in B -- eight independent chains, enough to keep the multiply-add
+ * units busy through each one's latency */
+#define CLASSES4(c, A, B)                                                                         \
+    do {                                                                                          \
+        A[0] = A[1] = A[2] = A[3] = B[0] = B[1] = B[2] = B[3] = (vt){0.f};                        \
+        for (int64_t d = (c); d < D; d += 8) {                                                    \
+            vt x = LOADT(Qt + d * TL), y = LOADT(Qt + (d + 4) * TL);                              \
+            A[0] += x * SPLATT(k0[d]), A[1] += x * SPLATT(k1[d]), A[2] += x * SPLATT(k2[d]), A[3] += x * SPLATT(k3[d]); \
+            B[0] += y * SPLATT(k0[d + 4]), B[1] += y * SPLATT(k1[d + 4]), B[2] += y * SPLATT(k2[d + 4]),      \
+                B[3] += y * SPLATT(k3[d + 4]);                                                    \
+        }                                                                                         \
+    } while (0)
+
+/* the scores of four keys (k0..k3; the same pointer four times for a single key) for every lane, scaled,
+ * into s[0..3][lanes]: the eight classes added in sum8's tree, whole vectors at a time */
+static inline void score4(const float *Qt, const float *k0, const float *k1, const float *k2, const float *k3,
+                          int64_t D, float scale, int nkeys, float *s) {
+    vt a[4], b[4], p[4], q[4], t[4];
+    CLASSES4(0, a, b);
+    for (int i = 0; i < 4; i++) p[i] = a[i] + b[i];
+    CLASSES4(1, a, b);
+    for (int i = 0; i < 4; i++) p[i] = p[i] + (a[i] + b[i]);
+    CLASSES4(2, a, b);
+    for (int i = 0; i < 4; i++) t[i] = a[i] + b[i];
+    CLASSES4(3, a, b);
+    for (int i = 0; i < 4; i++) q[i] = t[i] + (a[i] + b[i]);
+    for (int i = 0; i < nkeys; i++) STORET(s + i * TL, (p[i] + q[i]) * SPLATT(scale));
+}
+#undef CLASSES4
+
+/* the tile's attention, keys 0..Lmax-1 of kv head kvh through `table` (every lane's own length is at
+ * most Lmax, and its blocks are the first of the table's); w: tile_workspace(Lmax, D) floats */
+static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache, const float *v_cache,
+                        const int32_t *table, int64_t kvh, int64_t num_kv_heads, int64_t D, int64_t block_size,
+                        float scale, float *w) {
+    const int64_t row = num_kv_heads * D, block = block_size * row, blocks = (Lmax + block_size - 1) / block_size;
+    float *Qt = w, *s = w + D * TL, *total = s + Lmax * TL;
+    for (int64_t d = 0; d < D; d++)
+        for (int l = 0; l < TL; l++) Qt[d * TL + l] = l < t->nq ? t->q[l][d] : 0.f;
+    for (int64_t b = 0; b < blocks; b++) {  /* scores: s[j][lane], four keys at a time */
+        const float *kb = k_cache + (int64_t)table[b] * block + kvh * D;
+        int64_t j0 = b * block_size, rows = Lmax - j0 < block_size ? Lmax - j0 : block_size, r = 0;
+        for (; r + 4 <= rows; r += 4)
+            score4(Qt, kb + r * row, kb + (r + 1) * row, kb + (r + 2) * row, kb + (r + 3) * row, D, scale, 4,
+                   s + (j0 + r) * TL);
+        for (; r < rows; r++) {
+            const float *k = kb + r * row;
+            score4(Qt, k, k, k, k, D, scale, 1, s + (j0 + r) * TL);
+        }
+    }
+    vti len;
+    for (int l = 0; l < TL; l++) len[l] = t->len[l];
+    vti j = {0};
+    vt zero = {0.f}, ninf = SPLATT(-INFINITY), m4[4] = {ninf, ninf, ninf, ninf};
+    for (int64_t i = 0; i < Lmax; i++, j += 1) {  /* each lane's maximum over its own keys, in four */
+        vt x = SELECTT(j < len, LOADT(s + i * TL), ninf);  /* running maxima (exact in any order) */
+        m4[i & 3] = SELECTT(x > m4[i & 3], x, m4[i & 3]);
+    }
+    vt m = SELECTT(m4[0] > m4[1], m4[0], m4[1]), m23 = SELECTT(m4[2] > m4[3], m4[2], m4[3]);
+    m = SELECTT(m > m23, m, m23);
+    j = (vti){0};
+    vt c[8];  /* the sums of weights by key position mod 8, as the lanes of sum8's accumulator */
+    for (int k = 0; k < 8; k++) c[k] = zero;
+    int64_t i = 0;
+    for (; i + 8 <= Lmax; i += 8, j += 8)  /* eight positions at a time: eight independent exps and sums */
+        for (int k = 0; k < 8; k++) {
+            vt e = SELECTT(j + k < len, EXPT(LOADT(s + (i + k) * TL) - m), zero);
+            STORET(s + (i + k) * TL, e);
+            c[k] += e;
+        }
+    for (int k = 0; i < Lmax; i++, k++, j += 1) {
+        vt e = SELECTT(j < len, EXPT(LOADT(s + i * TL) - m), zero);
+        STORET(s + i * TL, e);
+        c[k] += e;
+    }
+    STORET(total, ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
+    for (int l0 = 0; l0 < t->nq; l0 += 4) {  /* values: four lanes' outputs in registers over every key */
+        int64_t L4 = 0;
+        for (int l = l0; l < l0 + 4 && l < t->nq; l++) L4 = t->len[l] > L4 ? t->len[l] : L4;
+        int64_t d = 0;
+        for (; d + 4 * TL <= D; d += 4 * TL) {
+            vt o[4][4];
+            for (int l = 0; l < 4; l++) o[l][0] = o[l][1] = o[l][2] = o[l][3] = zero;
+            for (int64_t b = 0; b * block_size < L4; b++) {
+                const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
+                int64_t j0 = b * block_size, rows = L4 - j0 < block_size ? L4 - j0 : block_size;
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *v = vb + r * row, *wr = s + (j0 + r) * TL + l0;
+                    vt v0 = LOADT(v), v1 = LOADT(v + TL), v2 = LOADT(v + 2 * TL), v3 = LOADT(v + 3 * TL);
+                    for (int l = 0; l < 4; l++) {
+                        vt wl = SPLATT(wr[l]);
+                        o[l][0] += wl * v0, o[l][1] += wl * v1, o[l][2] += wl * v2, o[l][3] += wl * v3;
+                    }
+                }
+            }
+            for (int l = 0; l < 4 && l0 + l < t->nq; l++) {
+                vt tot = SPLATT(total[l0 + l]);
+                for (int k = 0; k < 4; k++) STORET(t->out[l0 + l] + d + k * TL, o[l][k] / tot);
+            }
+        }
+        for (; d < D; d += TL) {  /* a head size that isn't a multiple of 4 TL: the rest a vector at a time */
+            vt o[4] = {zero, zero, zero, zero};
+            for (int64_t b = 0; b * block_size < L4; b++) {
+                const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
+                int64_t j0 = b * block_size, rows = L4 - j0 < block_size ? L4 - j0 : block_size;
+                for (int64_t r = 0; r < rows; r++) {
+                    vt v0 = LOADT(vb + r * row);
+                    for (int l = 0; l < 4; l++) o[l] += SPLATT(s[(j0 + r) * TL + l0 + l]) * v0;
+                }
+            }
+            for (int l = 0; l < 4 && l0 + l < t->nq; l++) STORET(t->out[l0 + l] + d, o[l] / SPLATT(total[l0 + l]));
+        }
+    }
+}
+
 struct decode_args {
     const float *q, *k_cache, *v_cache;
     const int32_t *block_tables;
@@ -274,22 +447,44 @@ struct decode_args {
     int64_t workspace_per_thread;
     float *out;
     int64_t per_item;  /* kv heads per work item: all of a sequence's, or one */
+    const int64_t *runs;  /* run k is queries runs[k] .. runs[k + 1] - 1 (a prompt's consecutive tokens); NULL: query k */
 };
 
-/* work items [i0, i1): item = sequence * (kv_heads / per_item) + group of kv heads */
-static void decode_items(void *ctx, int64_t i0, int64_t i1, int tid) {
+/* run k of queries, kv heads g0..g0 + per_item - 1: a lone query as before (attend), a run of a prompt's
+ * tokens as tiles of TL / G tokens (attend_tile) */
+static void run_items(void *ctx, int64_t i0, int64_t i1, int tid) {
     const struct decode_args *a = ctx;
     int64_t groups = a->num_kv_heads / a->per_item, G = a->num_heads / a->num_kv_heads;
+    float *w = a->workspace + tid * a->workspace_per_thread;
     for (int64_t item = i0; item < i1; item++) {
-        int64_t i = item / groups, g0 = item % groups * a->per_item;
-        /* the item before it, on this thread, read the same blocks (a prompt's previous token): they
-         * are in cache, and asking for them again only costs time */
-        const int32_t *table = a->block_tables + i * a->max_blocks;
-        int hot = item > i0 && groups == 1 && a->context_lens[i] == a->context_lens[i - 1] + 1 &&
-                  table[0] == table[-a->max_blocks];
-        attend(a->q + (i * a->num_heads + g0 * G) * a->D, a->k_cache, a->v_cache, a->block_tables + i * a->max_blocks,
-               a->context_lens[i], g0, g0 + a->per_item, G, a->num_kv_heads, a->D, a->block_size, a->scale, !hot,
-               a->workspace + tid * a->workspace_per_thread, a->out + (i * a->num_heads + g0 * G) * a->D);
+        int64_t k = item / groups, g0 = item % groups * a->per_item;
+        int64_t first = a->runs ? a->runs[k] : k, last = a->runs ? a->runs[k + 1] : k + 1;
+        const int32_t *table = a->block_tables + first * a->max_blocks;
+        if (last - first == 1) {
+            /* the item before it, on this thread, read the same blocks (a prompt's previous token): they
+             * are in cache, and asking for them again only costs time */
+            int hot = item > i0 && groups == 1 && first > 0 && a->context_lens[first] == a->context_lens[first - 1] + 1 &&
+                      table[0] == table[-a->max_blocks];
+            attend(a->q + (first * a->num_heads + g0 * G) * a->D, a->k_cache, a->v_cache, table,
+                   a->context_lens[first], g0, g0 + a->per_item, G, a->num_kv_heads, a->D, a->block_size, a->scale,
+                   !hot, w, a->out + (first * a->num_heads + g0 * G) * a->D);
+            continue;
+        }
+        /* the run's longest query (its last) holds the table every other one's blocks begin */
+        int64_t Lmax = 0, longest = first;
+        for (int64_t i = first; i < last; i++)
+            if (a->context_lens[i] > Lmax) Lmax = a->context_lens[i], longest = i;
+        table = a->block_tables + longest * a->max_blocks;
+        for (int64_t g = g0; g < g0 + a->per_item; g++) {
+            struct tile t = {0};
+            for (int64_t i = first; i < last; i++)
+                for (int64_t h = g * G; h < (g + 1) * G; h++, t.nq++) {
+                    t.q[t.nq] = a->q + (i * a->num_heads + h) * a->D;
+                    t.out[t.nq] = a->out + (i * a->num_heads + h) * a->D;
+                    t.len[t.nq] = a->context_lens[i];
+                }
+            attend_tile(&t, Lmax, a->k_cache, a->v_cache, table, g, a->num_kv_heads, a->D, a->block_size, a->scale, w);
+        }
     }
 }
 
@@ -304,20 +499,37 @@ int inflight_paged_decode_f32(const float *q, const float *k_cache, const float 
                               float *out) {
     int64_t G = num_heads / num_kv_heads;
     if (G < 1 || G > 64 || num_heads % num_kv_heads) return -1;
-    /* whole sequences per work item when there are enough of them to share out (contiguous reads);
-     * otherwise one item per (sequence, kv head), so a small batch still keeps every thread busy */
-    int64_t per_item = n >= 4 * (int64_t)threads ? num_kv_heads : 1;
+    /* a lone query's work item may take all its heads: room for H x (L + 1) floats */
     for (int64_t i = 0; i < n; i++) {
         int64_t L = context_lens[i];
-        if (L < 1 || L > max_blocks * block_size || (L + 1) * per_item * G > workspace_per_thread)
+        if (L < 1 || L > max_blocks * block_size || (L + 1) * num_heads > workspace_per_thread)
             return (int)(-2 - i);
         for (int64_t b = 0; b < (L + block_size - 1) / block_size; b++) {
             int32_t blk = block_tables[i * max_blocks + b];
             if (blk < 0 || blk >= num_blocks) return (int)(-2 - i);
         }
     }
+    /* runs of a prompt's consecutive tokens (each query one position past the one before it, its blocks
+     * the same as far as the earlier one reaches), up to a tile's TL / G tokens; a head size in whole
+     * vectors and room in the workspace for the tile, else every query is a run of its own */
+    int64_t *runs = malloc((size_t)(n + 1) * sizeof *runs), nruns = 0, per_tile = TL / G;
+    int tiles = runs && D % TL == 0 && per_tile >= 2;  /* (no memory for the list: one query per run) */
+    for (int64_t i = 0; runs && i < n; i++) {
+        int64_t start = nruns ? runs[nruns - 1] : -1;
+        int join = tiles && i > 0 && i - start < per_tile && context_lens[i] == context_lens[i - 1] + 1 &&
+                   tile_workspace(context_lens[i], D) <= workspace_per_thread &&
+                   !memcmp(block_tables + i * max_blocks, block_tables + (i - 1) * max_blocks,
+                           (size_t)((context_lens[i - 1] + block_size - 1) / block_size) * sizeof(int32_t));
+        if (!join) runs[nruns++] = i;
+    }
+    if (runs) runs[nruns] = n;
+    else nruns = n;
+    /* whole sequences per work item when there are enough of them to share out (contiguous reads);
+     * otherwise one item per (sequence, kv head), so a small batch still keeps every thread busy */
+    int64_t per_item = nruns >= 4 * (int64_t)threads ? num_kv_heads : 1;
     struct decode_args a = {q, k_cache, v_cache, block_tables, max_blocks, context_lens, num_heads, num_kv_heads, D,
-                            block_size, scale, workspace, workspace_per_thread, out, per_item};
-    parallel_for(n * (num_kv_heads / per_item), threads, 2, decode_items, &a);
+                            block_size, scale, workspace, workspace_per_thread, out, per_item, runs};
+    parallel_for(nruns * (num_kv_heads / per_item), threads, 2, run_items, &a);
+    free(runs);
     return 0;
 }
