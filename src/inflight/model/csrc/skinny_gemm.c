@@ -50,7 +50,15 @@ static inline void panel_tile(const float *x, int64_t K, const float *panel, int
             a[r][0] += xr * w0, a[r][1] += xr * w1;
         }
     }
-    for (int r = 0; r < R; r++) {
+    if (cols == PANEL) {  /* a whole panel: the rows straight from the registers (plus the bias) */
+        v8 b0 = bias ? load8(bias) : splat(0.f), b1 = bias ? load8(bias + 8) : splat(0.f);
+        for (int r = 0; r < R; r++) {
+            if (bias) store8(out + r * N, a[r][0] + b0), store8(out + r * N + 8, a[r][1] + b1);
+            else store8(out + r * N, a[r][0]), store8(out + r * N + 8, a[r][1]);
+        }
+        return;
+    }
+    for (int r = 0; r < R; r++) {  /* the last panel's columns up to N */
         float tmp[PANEL];
         store8(tmp, a[r][0]), store8(tmp + 8, a[r][1]);
         for (int64_t j = 0; j < cols; j++) out[r * N + j] = bias ? tmp[j] + bias[j] : tmp[j];
@@ -81,10 +89,13 @@ static inline void pair_tile(const float *x, int64_t K, const float *panel, int6
             a[r][0] += xr * w0, a[r][1] += xr * w1;
         }
     }
-    for (int r = 0; r < R; r++) {
-        float tmp[2 * PANEL];
-        memcpy(tmp, a[r], sizeof tmp);
-        for (int64_t j = 0; j < 2 * PANEL; j++) out[r * N + j] = bias ? tmp[j] + bias[j] : tmp[j];
+    /* the tile's rows straight from the registers: two 16-float stores a row (plus the bias, one add an
+     * output, as before) */
+    if (bias) {
+        v16 b0 = load16(bias), b1 = load16(bias + PANEL);
+        for (int r = 0; r < R; r++) store16(out + r * N, a[r][0] + b0), store16(out + r * N + PANEL, a[r][1] + b1);
+    } else {
+        for (int r = 0; r < R; r++) store16(out + r * N, a[r][0]), store16(out + r * N + PANEL, a[r][1]);
     }
 }
 
