@@ -38,8 +38,12 @@ PROFILER_NAME = "inflight::skinny_gemm_c"
 #: the packed kernel was 1.3-2x faster at 1-32 rows, 1.1-1.3x at 48-256, and even at 384-512 (a
 #: prefill chunk stays with the BLAS).
 MAX_ROWS = 256
-#: ... and when it is built 16 wide (AVX-512): faster than the BLAS at every size measured, 1-2048
-#: rows (the BLAS torch ships runs 8-wide code on this CPU); the bound keeps a step's scratch finite
+#: ... and when it is built 16 wide (AVX-512): on the AMD EPYC this was measured on, faster than the
+#: BLAS at every size, 1-2048 rows (the BLAS torch ships runs 8-wide code there). On an Intel Xeon
+#: whose BLAS runs AVX-512 (`results/cpu_kernel_xeon_cpu.json`) the kernel is faster at 16-256 rows
+#: (1.0-1.3x) and slower at 384-2048 (4-16 %) and at 1-5 (one row: the BLAS 1.5x); it keeps them all,
+#: since one kernel for every row count is what keeps a row's result independent of its batch. The
+#: bound keeps a step's scratch finite
 MAX_ROWS_WIDE = 2048
 
 
