@@ -39,14 +39,26 @@ def test_a_sequence_gets_the_same_bits_alone_or_in_a_large_batch(kvh, g):
         assert torch.equal(alone, batched[i:i + 1]), f"sequence {i}"
 
 
+def _each_query_alone_gets_the_bits_of_the_call(q, kc, vc, meta):
+    """One call over all of `q`'s queries against each query in a call of its own: equal to the bit (and
+    all of them close to the definition)."""
+    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    for i in range(q.shape[0]):
+        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
+                                                         meta.context_lens[i:i + 1], 0.3)
+        assert torch.equal(alone, together[i:i + 1]), f"query {i} (context {int(meta.context_lens[i])})"
+    torch.testing.assert_close(together, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+
+
 @needs_kernel
 @pytest.mark.parametrize("kvh, g, block_size, D", [(1, 1, 16, 64), (2, 2, 16, 64), (2, 3, 5, 24), (1, 4, 1, 12)])
 def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, block_size, D):
     """A prompt chunk's tokens come to the kernel as consecutive queries over one block table (a
     thread may take several in a row, their blocks already in cache); each token's arithmetic is its
     own, so the call's other queries change no bit -- with decodes around them, tokens whose block
-    tables part, and a sibling on the same blocks whose length doesn't follow. (Commit 4c6ccf5 took
-    such runs a tile at a time; this test held it to the bit.)"""
+    tables part, and a sibling on the same blocks whose length doesn't follow. (Such runs are attended
+    a tile at a time, `attend_tile`: this test holds the tiles to the bit where the tables part, the
+    run cut there, as it held commit 4c6ccf5's.)"""
     gen = torch.Generator().manual_seed(kvh * 100 + g * 10 + block_size)
     prompt = list(range(30, 30 + 45))  # 45 tokens of one prompt at positions 30..74
     ctx = [50, 3] + prompt + [74, 12]  # then a sibling at the prompt's last length on its blocks (n > 1)
@@ -59,12 +71,7 @@ def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, bloc
     for i in range(first, last + 2):
         tables[i] = (shared if i < first + 30 else parted)[:-(-ctx[i] // block_size)]
     meta = AttentionMetadata.build([1] * len(ctx), ctx, tables, block_size)
-    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    for i in range(len(ctx)):
-        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
-                                                         meta.context_lens[i:i + 1], 0.3)
-        assert torch.equal(alone, together[i:i + 1]), f"query {i} (context {ctx[i]})"
-    torch.testing.assert_close(together, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+    _each_query_alone_gets_the_bits_of_the_call(q, kc, vc, meta)
 
 
 @needs_kernel
@@ -136,12 +143,7 @@ def test_a_prompts_tokens_attended_as_tiles_get_the_bits_of_one_at_a_time(kvh, g
     gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D)
     prompts = [1, 2, 7, 16, 17, 33, (40, 75), 130]
     q, kc, vc, meta = _prompt_runs(gen, prompts, [9, 50, 3], block_size, kvh, g, D)
-    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    for i in range(q.shape[0]):
-        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
-                                                         meta.context_lens[i:i + 1], 0.3)
-        assert torch.equal(alone, together[i:i + 1]), f"query {i} (context {int(meta.context_lens[i])})"
-    torch.testing.assert_close(together, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
+    _each_query_alone_gets_the_bits_of_the_call(q, kc, vc, meta)
 
 
 @needs_kernel
