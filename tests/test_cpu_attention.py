@@ -74,6 +74,20 @@ def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, bloc
     _each_query_alone_gets_the_bits_of_the_call(q, kc, vc, meta)
 
 
+def _built_8_wide_gives_the_same_bits(monkeypatch, q, kc, vc, meta):
+    """The kernel as built here (AVX-512) against the same file built with -mno-avx512f (what a CPU
+    without AVX-512 runs): equal to the bit."""
+    from inflight.model import c_build
+
+    wide = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    narrow = c_build.LazyLibrary(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"], cpu_attention.SYMBOLS,
+                                 cpu_attention._declare)
+    assert narrow.load() is not None
+    monkeypatch.setattr(cpu_attention, "_library", narrow)
+    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
+                       wide)
+
+
 @needs_kernel
 @pytest.mark.skipif(skinny_gemm.lanes() != 16,
                     reason="no AVX-512 here: the kernel is built 8 wide only")
@@ -87,18 +101,10 @@ def test_the_avx512_build_gives_the_bits_of_the_8_wide_one(monkeypatch, kvh, g, 
     that are multiples of 8, as every model the book serves has: a head size off the width ends in
     scalar tails whose code the compiler picks per CPU, and at D = 12 the two builds differ in the
     last bits -- the kernel before the 16-wide tile did too.)"""
-    from inflight.model import c_build
-
     gen = torch.Generator().manual_seed(kvh * 100 + g * 10 + D)
     ctx = [1, 7, 8, 9, 16, 17, 40, 63, 64, 65, 100] + list(range(20, 60))
     q, kc, vc, meta = _random_batch(gen, [1] * len(ctx), ctx, block_size, kvh, g, D)
-    wide = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    narrow = c_build.LazyLibrary(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"], cpu_attention.SYMBOLS,
-                                 cpu_attention._declare)
-    assert narrow.load() is not None
-    monkeypatch.setattr(cpu_attention, "_library", narrow)
-    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
-                       wide)
+    _built_8_wide_gives_the_same_bits(monkeypatch, q, kc, vc, meta)
 
 
 def _prompt_runs(gen, prompts, decodes, block_size, kvh, g, D):
@@ -153,17 +159,9 @@ def test_a_prompts_tokens_attended_as_tiles_get_the_bits_of_one_at_a_time(kvh, g
 def test_prompt_tiles_of_16_and_of_8_lanes_give_the_same_bits(monkeypatch, kvh, g, block_size, D):
     """Built 8 wide a tile holds eight queries, built for AVX-512 sixteen: different tiles, different
     lanes, the same chain of operations for every score and output."""
-    from inflight.model import c_build
-
     gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D + 1)
     q, kc, vc, meta = _prompt_runs(gen, [3, 8, 16, 31, (20, 64), 100], [12, 70], block_size, kvh, g, D)
-    wide = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    narrow = c_build.LazyLibrary(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"], cpu_attention.SYMBOLS,
-                                 cpu_attention._declare)
-    assert narrow.load() is not None
-    monkeypatch.setattr(cpu_attention, "_library", narrow)
-    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
-                       wide)
+    _built_8_wide_gives_the_same_bits(monkeypatch, q, kc, vc, meta)
 
 
 @needs_kernel
