@@ -46,7 +46,9 @@ def _each_query_alone_gets_the_bits_of_the_call(q, kc, vc, meta):
     for i in range(q.shape[0]):
         alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, meta.block_tables[i:i + 1],
                                                          meta.context_lens[i:i + 1], 0.3)
-        assert torch.equal(alone, together[i:i + 1]), f"query {i} (context {int(meta.context_lens[i])})"
+        # the bit patterns, not the values: -0.0 and +0.0 are equal values
+        assert torch.equal(alone.view(torch.int32), together[i:i + 1].view(torch.int32)), \
+            f"query {i} (context {int(meta.context_lens[i])})"
     torch.testing.assert_close(together, _naive(q, kc, vc, meta, 0.3), atol=1e-5, rtol=1e-5)
 
 
@@ -162,6 +164,43 @@ def test_prompt_tiles_of_16_and_of_8_lanes_give_the_same_bits(monkeypatch, kvh, 
     gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D + 1)
     q, kc, vc, meta = _prompt_runs(gen, [3, 8, 16, 31, (20, 64), 100], [12, 70], block_size, kvh, g, D)
     _built_8_wide_gives_the_same_bits(monkeypatch, q, kc, vc, meta)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_tiles_shorter_queries_never_touch_the_keys_past_their_own_length(bad):
+    """A tile reads keys up to its longest query's length; the shorter ones give those keys no weight,
+    and must not multiply them either (0 x inf is NaN). With a non-finite key and value at the longest
+    query's last position, and two sequences that share their first blocks but part at the last, every
+    other query keeps its own finite answer, bit for bit."""
+    gen = torch.Generator().manual_seed(11)
+    kc, vc = torch.randn(4, 16, 1, 64, generator=gen), torch.randn(4, 16, 1, 64, generator=gen)
+    q = torch.randn(6, 2, 64, generator=gen)
+    lens = torch.tensor([5, 6, 7, 8, 32, 33], dtype=torch.int32)
+    # a prompt's four tokens on block 0; two sequences on blocks 1, 2 that part at their third block
+    tables = torch.tensor([[0, 0, 0]] * 4 + [[1, 2, 0], [1, 2, 3]], dtype=torch.int32)
+    kc[0, 7], vc[0, 7] = bad, bad  # position 7 of block 0: only the fourth query's
+    kc[3, 0], vc[3, 0] = bad, bad  # position 32, in block 3: only the sixth query's
+    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, tables, lens, 0.3)
+    for i in (0, 1, 2, 4):
+        alone = cpu_attention.paged_decode_attention_cpu(q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], 0.3)
+        assert alone.isfinite().all()
+        assert torch.equal(alone.view(torch.int32), together[i:i + 1].view(torch.int32)), f"query {i}"
+
+
+@needs_kernel
+def test_a_tile_keeps_a_negative_zero():
+    """A query whose output is -0.0 alone is -0.0 in a tile too: the longer queries' keys add nothing to
+    its chain (not even +0)."""
+    D = 16
+    q, kc, vc = torch.zeros(2, 1, D), torch.zeros(1, 16, 1, D), torch.zeros(1, 16, 1, D)
+    q[:, 0, 0] = 1
+    kc[0, 1, 0, 0], vc[0, 1, 0, :], vc[0, 2, 0, :] = -1000.0, -1e-40, 1.0
+    tables, lens = torch.zeros(2, 1, dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+    alone = cpu_attention.paged_decode_attention_cpu(q[:1], kc, vc, tables[:1], lens[:1], 1.0)
+    together = cpu_attention.paged_decode_attention_cpu(q, kc, vc, tables, lens, 1.0)
+    assert torch.signbit(alone[0, 0, 0])
+    assert torch.equal(alone.view(torch.int32), together[:1].view(torch.int32))
 
 
 @needs_kernel

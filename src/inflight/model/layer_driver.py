@@ -283,7 +283,7 @@ def run(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,
     threads = max(1, thread_pool.threads())
     R = _tail_rows(model, T, logits_indices)
     embed, vocab = model.embed_tokens.weight, model.lm_head.weight.shape[0]
-    # the attention kernel's workspace: one work item's scores and sums of weights per thread
+    # the attention kernel's workspace per thread: a lone query's scores and sums of weights, or a tile's
     per_thread = cpu_attention.workspace_per_thread(H, D, meta.max_context_len, tables.shape[1] * block_size)
     # y, x, h, qkv, q, attention's output, gate|up, SwiGLU's output, workspace, cos, sin; the tail's rows
     sizes = [T * hidden, T * hidden, T * hidden, T * width, T * H * D, T * H * D, T * 2 * inter, T * inter,

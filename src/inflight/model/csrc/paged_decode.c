@@ -284,9 +284,10 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
  * "element classes" is its own vector of partial sums (one lane per query), and the tree adds whole
  * vectors. The softmax keeps its order the same way (the sum of weights in eight classes of key
  * positions, added in sum8's tree), and each output is the chain over key positions in order.
- * Each query's causal length is its own: keys past it get weight zero (not a score), which adds
- * exact zeros to its sums. tests/test_cpu_attention.py holds every token of a tile to the bits of the
- * same token alone. */
+ * Each query's causal length is its own: the keys past it (the later tokens of the tile) are scored
+ * for its lane but masked out of its maximum and sum of weights, and its chain of values stops at its
+ * own length -- so nothing past it, not even an inf or NaN, reaches its output.
+ * tests/test_cpu_attention.py holds every token of a tile to the bits of the same token alone. */
 #if defined(__AVX512F__)
 #define TL 16
 typedef v16 vt;
@@ -397,16 +398,22 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
         c[k] += e;
     }
     STORET(total, ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
-    for (int l0 = 0; l0 < t->nq; l0 += 4) {  /* values: four lanes' outputs in registers over every key */
-        int64_t L4 = 0;
-        for (int l = l0; l < l0 + 4 && l < t->nq; l++) L4 = t->len[l] > L4 ? t->len[l] : L4;
+    /* values: four lanes' outputs in registers over every key. Each lane's chain stops at its own
+     * length, as it does alone: the keys every one of the four sees first, block by block, then the
+     * few (under a tile's tokens) that only the longer ones see, lane by lane -- a weight of zero
+     * times a value is not always zero (an inf or NaN there would spread), and +0 would turn a -0 */
+    for (int l0 = 0; l0 < t->nq; l0 += 4) {
+        const int32_t *len4 = t->len + l0;  /* (lanes past nq have length 0 and sum into nothing kept) */
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int l = 0; l < 4 && l0 + l < t->nq; l++) lo = len4[l] < lo ? len4[l] : lo, hi = len4[l] > hi ? len4[l] : hi;
+#define VROW(j) (v_cache + (int64_t)table[(j) / block_size] * block + (j) % block_size * row + kvh * D + d)
         int64_t d = 0;
         for (; d + 4 * TL <= D; d += 4 * TL) {
             vt o[4][4];
             for (int l = 0; l < 4; l++) o[l][0] = o[l][1] = o[l][2] = o[l][3] = zero;
-            for (int64_t b = 0; b * block_size < L4; b++) {
+            for (int64_t b = 0; b * block_size < lo; b++) {
                 const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
-                int64_t j0 = b * block_size, rows = L4 - j0 < block_size ? L4 - j0 : block_size;
+                int64_t j0 = b * block_size, rows = lo - j0 < block_size ? lo - j0 : block_size;
                 for (int64_t r = 0; r < rows; r++) {
                     const float *v = vb + r * row, *wr = s + (j0 + r) * TL + l0;
                     vt v0 = LOADT(v), v1 = LOADT(v + TL), v2 = LOADT(v + 2 * TL), v3 = LOADT(v + 3 * TL);
@@ -416,6 +423,12 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
                     }
                 }
             }
+            for (int64_t j = lo; j < hi; j++) {
+                const float *v = VROW(j);
+                for (int l = 0; l < 4; l++)
+                    if (j < len4[l])
+                        for (int k = 0; k < 4; k++) o[l][k] += SPLATT(s[j * TL + l0 + l]) * LOADT(v + k * TL);
+            }
             for (int l = 0; l < 4 && l0 + l < t->nq; l++) {
                 vt tot = SPLATT(total[l0 + l]);
                 for (int k = 0; k < 4; k++) STORET(t->out[l0 + l] + d + k * TL, o[l][k] / tot);
@@ -423,16 +436,20 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
         }
         for (; d < D; d += TL) {  /* a head size that isn't a multiple of 4 TL: the rest a vector at a time */
             vt o[4] = {zero, zero, zero, zero};
-            for (int64_t b = 0; b * block_size < L4; b++) {
+            for (int64_t b = 0; b * block_size < lo; b++) {
                 const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
-                int64_t j0 = b * block_size, rows = L4 - j0 < block_size ? L4 - j0 : block_size;
+                int64_t j0 = b * block_size, rows = lo - j0 < block_size ? lo - j0 : block_size;
                 for (int64_t r = 0; r < rows; r++) {
                     vt v0 = LOADT(vb + r * row);
                     for (int l = 0; l < 4; l++) o[l] += SPLATT(s[(j0 + r) * TL + l0 + l]) * v0;
                 }
             }
+            for (int64_t j = lo; j < hi; j++)
+                for (int l = 0; l < 4; l++)
+                    if (j < len4[l]) o[l] += SPLATT(s[j * TL + l0 + l]) * LOADT(VROW(j));
             for (int l = 0; l < 4 && l0 + l < t->nq; l++) STORET(t->out[l0 + l] + d, o[l] / SPLATT(total[l0 + l]));
         }
+#undef VROW
     }
 }
 
@@ -489,7 +506,9 @@ static void run_items(void *ctx, int64_t i0, int64_t i1, int tid) {
 }
 
 /* q [n, H, D], caches [num_blocks, block_size, kv_heads, D], block_tables [n, max_blocks] int32,
- * context_lens [n] int32, out [n, H, D]; workspace: threads * H * (max(context_lens) + 1) floats.
+ * context_lens [n] int32, out [n, H, D]; workspace: threads x workspace_per_thread floats, at least H *
+ * (max(context_lens) + 1) each (a lone query's scores and sums), and room for a tile (tile_workspace) for
+ * the prompts' runs to be tiled (cpu_attention.workspace_per_thread gives both).
  * Returns 0, or -1 (head counts), or -2 - i when sequence i's context length or block table would
  * read outside the cache: checked before anything is read, so a bad table is an error, not a crash. */
 int inflight_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, int64_t num_blocks,
