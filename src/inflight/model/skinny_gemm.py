@@ -8,9 +8,10 @@ output columns at a time, k-major) with a 6 x 16 tile of the output in registers
 has the same idea for its GPUs ("skinny GEMMs" for small batches).
 
 Every output of the kernel is one fixed chain of multiply-adds, whatever else is in the batch. Built for a CPU with
-AVX-512 its tile is 16 floats wide (the same bits, twice the arithmetic per instruction) and it outruns torch's BLAS
-at every size measured; built 8 wide, more than 256 rows stay with torch, whose blocked GEMM is the faster there
-(`max_rows()`). Anything else — another dtype or device, a gradient, no
+AVX-512 its tile is 16 floats wide (the same bits, twice the arithmetic per instruction) and it takes up to 2048
+rows: on an AMD EPYC, whose BLAS runs 8 wide, it outran torch's at every size measured; on an Intel Xeon, whose BLAS
+runs AVX-512, it is faster at 16-256 rows and a little slower beyond (see MAX_ROWS_WIDE). Built 8 wide, more than
+256 rows stay with torch, whose blocked GEMM is the faster there (`max_rows()`). Anything else — another dtype or device, a gradient, no
 compiler, `INFLIGHT_CPU_KERNEL=0`, `fused_ops.reference_only()` — runs `torch.nn.functional.linear`.
 """
 from __future__ import annotations
