@@ -487,11 +487,10 @@ static void run_items(void *ctx, int64_t i0, int64_t i1, int tid) {
                    !hot, w, a->out + (first * a->num_heads + g0 * G) * a->D);
             continue;
         }
-        /* the run's longest query (its last) holds the table every other one's blocks begin */
-        int64_t Lmax = 0, longest = first;
-        for (int64_t i = first; i < last; i++)
-            if (a->context_lens[i] > Lmax) Lmax = a->context_lens[i], longest = i;
-        table = a->block_tables + longest * a->max_blocks;
+        /* a run's contexts grow by one a query, so its last is the longest: its table holds the blocks
+         * every other one's begin with */
+        int64_t Lmax = a->context_lens[last - 1];
+        table = a->block_tables + (last - 1) * a->max_blocks;
         for (int64_t g = g0; g < g0 + a->per_item; g++) {
             struct tile t = {0};
             for (int64_t i = first; i < last; i++)
