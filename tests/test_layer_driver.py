@@ -86,6 +86,33 @@ def test_the_driven_layers_are_the_op_by_op_layers_to_the_bit(name, query_lens, 
 
 
 @needs_c
+def test_a_prompt_gets_the_same_bits_alone_and_in_a_prefill_step_of_hundreds_of_rows():
+    """The driver and its GEMM take every step up to `skinny_gemm.max_rows()` rows at either vector
+    width, so a prompt's logits don't depend on how many tokens its step carried. (Built 8 wide, steps
+    past 256 rows used to go op by op to torch's BLAS, whose blocking gave other bits.)"""
+    cfg = CONFIGS["gqa"]
+    torch.manual_seed(5)
+    model = LlamaModel(cfg).eval()
+    lens = [300, 40, 250]  # three fresh prompts in one step: 590 rows
+    ids = torch.randint(0, cfg.vocab_size, (sum(lens),))
+    kv = KVCache.for_model(cfg, num_blocks=64, block_size=16, dtype=torch.float32, device="cpu")
+    tables = [list(range(0, 19)), list(range(19, 22)), list(range(22, 38))]
+    meta = AttentionMetadata.build(lens, lens, tables, 16)
+    seconds, calls = defaultdict(float), defaultdict(int)
+    undo = layer_driver.clock_into(seconds, calls)
+    try:
+        with torch.inference_mode():
+            together = model(ids, meta.positions, meta, kv)
+            mine = slice(300, 340)
+            meta_alone = AttentionMetadata.build([40], [40], [tables[1]], 16)
+            alone = model(ids[mine], meta_alone.positions, meta_alone, kv)
+    finally:
+        undo()
+    assert calls["attention, steps with prompt tokens"] == 2 * len(model.layers)  # both steps were driven
+    assert torch.equal(together[mine], alone)
+
+
+@needs_c
 def test_every_row_of_logits_too_and_again_after_a_weight_changes_in_place():
     cfg = CONFIGS["gqa"]
     model = LlamaModel(cfg).eval()

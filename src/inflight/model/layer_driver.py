@@ -218,7 +218,7 @@ def _plan(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: An
             and positions.shape == input_ids.shape and D % 2 == 0 and H % KV == 0 and H // KV <= 64
             and kc.dim() == 4 and tuple(kc.shape[2:]) == (KV, D) and vc.shape == kc.shape
             and fused_ops._fusable(kc, vc)  # (float32 CPU caches; what the op-by-op layer asks of its passes)
-            and T <= skinny_gemm.max_rows()):  # (last: on a GPU the GEMM library is never built for the question)
+            and T <= skinny_gemm.max_rows()):
         return None
     batch = _attention_batch(model, meta)
     if batch is None or _turned_off():

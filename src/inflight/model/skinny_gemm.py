@@ -7,12 +7,12 @@ shape the C kernel in `csrc/skinny_gemm.c`, which multiplies by weights packed o
 output columns at a time, k-major) with a 6 x 16 tile of the output in registers, is faster. vLLM
 has the same idea for its GPUs ("skinny GEMMs" for small batches).
 
-Every output of the kernel is one fixed chain of multiply-adds, whatever else is in the batch. Built for a CPU with
-AVX-512 its tile is 16 floats wide (the same bits, twice the arithmetic per instruction) and it takes up to 2048
-rows: on an AMD EPYC, whose BLAS runs 8 wide, it outran torch's at every size measured; on an Intel Xeon, whose BLAS
-runs AVX-512, it is faster at 16-256 rows and a little slower beyond (see MAX_ROWS_WIDE). Built 8 wide, more than
-256 rows stay with torch, whose blocked GEMM is the faster there (`max_rows()`). Anything else — another dtype or device, a gradient, no
-compiler, `INFLIGHT_CPU_KERNEL=0`, `fused_ops.reference_only()` — runs `torch.nn.functional.linear`.
+Every output of the kernel is one fixed chain of multiply-adds, whatever else is in the batch. Built for a CPU
+with AVX-512 its tile is 16 floats wide (the same bits, twice the arithmetic per instruction). At either width it
+takes every step of up to 2048 rows, prefill chunks included (see MAX_ROWS): one kernel for every row count is what
+keeps a row's result independent of its batch, and where the BLAS is faster on a large chunk it is faster by little.
+Anything else — another dtype or device, a gradient, no compiler, `INFLIGHT_CPU_KERNEL=0`,
+`fused_ops.reference_only()` — runs `torch.nn.functional.linear`.
 """
 from __future__ import annotations
 
@@ -25,27 +25,24 @@ import torch.nn.functional as F
 
 from inflight.model import c_build, fused_ops, thread_pool
 
-__all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "max_rows", "lanes", "MAX_ROWS",
-           "MAX_ROWS_WIDE"]
+__all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "max_rows", "lanes", "MAX_ROWS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
 SYMBOLS = ("inflight_packed_gemm_f32", "inflight_gemm_lanes", "inflight_use_pool", "inflight_parallel_backend")
 PANEL = 16  # output columns per packed panel (csrc/skinny_gemm.c)
 PROFILER_NAME = "inflight::skinny_gemm_c"
-#: the most rows the kernel takes when it is built 8 floats wide (no AVX-512). `python -m
-#: inflight.bench.kernels.cpu` times all of the tiny model's linear layers for one step, the weights
-#: out of cache as in a serving step, against torch's BLAS (`results/cpu_kernel_cpu.json`): 8 wide,
-#: the packed kernel was 1.3-2x faster at 1-32 rows, 1.1-1.3x at 48-256, and even at 384-512 (a
-#: prefill chunk stays with the BLAS).
-MAX_ROWS = 256
-#: ... and when it is built 16 wide (AVX-512): on the AMD EPYC this was measured on, faster than the
-#: BLAS at every size, 1-2048 rows (the BLAS torch ships runs 8-wide code there). On an Intel Xeon
-#: whose BLAS runs AVX-512 (`results/cpu_kernel_xeon_cpu.json`) the kernel is faster at 16-256 rows
-#: (1.0-1.3x) and slower at 384-2048 (4-16 %) and at 1-5 (one row: the BLAS 1.5x); it keeps them all,
-#: since one kernel for every row count is what keeps a row's result independent of its batch. The
-#: bound keeps a step's scratch finite
-MAX_ROWS_WIDE = 2048
+#: the most rows a step's linear layers send to the kernel (more go to torch's BLAS; the bound keeps a
+#: step's scratch finite). `python -m inflight.bench.kernels.cpu` times all of the tiny model's linear
+#: layers for one step, the weights out of cache as in a serving step, against torch's BLAS:
+#: - built 16 wide, on an AMD EPYC whose BLAS runs 8-wide code (`results/cpu_kernel_cpu.json`): the
+#:   kernel is 1.4-2.2x the BLAS at every size, 1-2048 rows; on an Intel Xeon whose BLAS runs AVX-512
+#:   (`results/cpu_kernel_xeon_cpu.json`): 1.0-1.3x at 16-256 rows, 4-16 % slower at 384-2048;
+#: - built 8 wide, on an AMD EPYC without AVX-512 (`results/cpu_kernel_zen3_cpu.json`): 1.03-2.3x at
+#:   1-256 rows and level with the BLAS (1.00-1.08x) at 384-2048. Until then 8-wide builds sent more than
+#:   256 rows to the BLAS, so a prompt token's bits depended on whether its step held more than 256 rows;
+#:   a prefill-heavy step also ran op by op instead of in the layer driver's one C call.
+MAX_ROWS = 2048
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -70,9 +67,6 @@ def build_error() -> str | None:
     return _library.build_error()
 
 
-_rows: list[int] = []  # max_rows(), once the library has been tried
-
-
 def lanes() -> int | None:
     """Floats per vector in the compiled kernel's tile: 16 (AVX-512) or 8; None where it can't be built."""
     lib = load()
@@ -80,11 +74,9 @@ def lanes() -> int | None:
 
 
 def max_rows() -> int:
-    """The most rows a step's linear layers send to the kernel (more go to torch): `MAX_ROWS_WIDE`
-    where it is built 16 wide, else `MAX_ROWS`."""
-    if not _rows:
-        _rows.append(MAX_ROWS_WIDE if lanes() == 16 else MAX_ROWS)
-    return _rows[0]
+    """The most rows a step's linear layers send to the kernel (more go to torch): `MAX_ROWS`, at
+    either vector width. (A function, so that a test can move the bound.)"""
+    return MAX_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
