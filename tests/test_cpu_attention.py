@@ -167,6 +167,29 @@ def test_prompt_tiles_of_16_and_of_8_lanes_give_the_same_bits(monkeypatch, kvh, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("kvh, g, block_size, D", [(1, 1, 16, 64), (2, 2, 16, 64), (2, 3, 5, 24), (1, 4, 1, 12)])
+def test_every_multiply_add_is_written_out_so_the_compilers_fusing_changes_no_bit(monkeypatch, kvh, g, block_size, D):
+    """"The same chain of operations on every path" holds only if the compiler does not fuse a product
+    and a sum in one copy of a loop and not in another (GCC's default, -ffp-contract=fast, does that:
+    regrouping the tile's value lanes once left three of eight tokens of a tile a unit in the last
+    place off their decode). So every multiply-add is written out (vec8.h's fma8) and the kernel is
+    built with -ffp-contract=off; built with GCC's default instead, nothing is left for it to fuse, and
+    the two builds agree to the bit -- prompts as tiles, lone tokens and decodes."""
+    from inflight.model import c_build
+
+    gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D)
+    q, kc, vc, meta = _prompt_runs(gen, [1, 7, 17, 33, (40, 75)], [9, 50, 3], block_size, kvh, g, D)
+    assert "-ffp-contract=off" in cpu_attention.FLAGS
+    built_off = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    fused = c_build.LazyLibrary(cpu_attention.SOURCE, [f for f in cpu_attention.FLAGS if f != "-ffp-contract=off"] +
+                                ["-ffp-contract=fast"], cpu_attention.SYMBOLS, cpu_attention._declare)
+    assert fused.load() is not None
+    monkeypatch.setattr(cpu_attention, "_library", fused)
+    built_fast = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    assert torch.equal(built_fast.view(torch.int32), built_off.view(torch.int32))
+
+
+@needs_kernel
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_a_tiles_shorter_queries_never_touch_the_keys_past_their_own_length(bad):
     """A tile reads keys up to its longest query's length; the shorter ones give those keys no weight,

@@ -72,6 +72,28 @@ def test_the_16_wide_tile_gives_the_bits_of_the_8_wide_one():
         assert torch.equal(skinny_gemm.kernel_linear(x, w, b), out), (M, K, N, bias)
 
 
+@needs_c
+def test_every_multiply_add_is_written_out_so_the_compilers_fusing_changes_no_bit():
+    """Each output's chain of multiply-adds is written out (fma8 / fma16) and the kernel is built with
+    -ffp-contract=off, so no compiler is left to fuse a product into a sum in one tile and not another:
+    built with GCC's default (-ffp-contract=fast) it gives the same bits, every tile shape and tail."""
+    from inflight.model import c_build, thread_pool
+
+    assert "-ffp-contract=off" in skinny_gemm.FLAGS
+    fused = c_build.LazyLibrary(skinny_gemm.SOURCE, [f for f in skinny_gemm.FLAGS if f != "-ffp-contract=off"] +
+                                ["-ffp-contract=fast"], skinny_gemm.SYMBOLS, skinny_gemm._declare).load()
+    assert fused is not None
+    gen = torch.Generator().manual_seed(5)
+    for M, K, N, bias in [(1, 256, 512, False), (7, 688, 256, True), (13, 256, 1376, False), (37, 250, 1029, True),
+                          (300, 64, 48, True), (5, 3, 17, False)]:
+        x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
+        b = torch.randn(N, generator=gen) if bias else None
+        out = torch.empty(M, N)
+        fused.inflight_packed_gemm_f32(x.data_ptr(), M, K, skinny_gemm.panels(w).data_ptr(), N,
+                                       None if b is None else b.data_ptr(), out.data_ptr(), thread_pool.threads())
+        assert torch.equal(skinny_gemm.kernel_linear(x, w, b), out), (M, K, N, bias)
+
+
 @pytest.mark.parametrize("case", ["no_rows", "many_rows", "float64", "grad", "not_contiguous", "three_d", "reference_only"])
 def test_what_the_kernel_does_not_take_goes_to_torch(case):
     gen = torch.Generator().manual_seed(1)

@@ -28,7 +28,7 @@ from inflight.model import c_build, fused_ops, thread_pool
 __all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "max_rows", "lanes", "MAX_ROWS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99"]
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]  # (fma8: csrc/vec8.h)
 SYMBOLS = ("inflight_packed_gemm_f32", "inflight_gemm_lanes", "inflight_use_pool", "inflight_parallel_backend")
 PANEL = 16  # output columns per packed panel (csrc/skinny_gemm.c)
 PROFILER_NAME = "inflight::skinny_gemm_c"
@@ -38,10 +38,10 @@ PROFILER_NAME = "inflight::skinny_gemm_c"
 #: - built 16 wide, on an AMD EPYC whose BLAS runs 8-wide code (`results/cpu_kernel_cpu.json`): the
 #:   kernel is 1.4-2.2x the BLAS at every size, 1-2048 rows; on an Intel Xeon whose BLAS runs AVX-512
 #:   (`results/cpu_kernel_xeon_cpu.json`): 1.0-1.3x at 16-256 rows, 4-16 % slower at 384-2048;
-#: - built 8 wide, on an AMD EPYC without AVX-512 (`results/cpu_kernel_zen3_cpu.json`): 1.03-2.3x at
-#:   1-256 rows and level with the BLAS (1.00-1.08x) at 384-2048. Until then 8-wide builds sent more than
-#:   256 rows to the BLAS, so a prompt token's bits depended on whether its step held more than 256 rows;
-#:   a prefill-heavy step also ran op by op instead of in the layer driver's one C call.
+#: - built 8 wide, on an AMD EPYC without AVX-512 (`results/cpu_kernel_zen3_cpu.json`): 1.1-2.1x at
+#:   1-256 rows, and at 384-2048 from 8 % faster to 6 % slower. Until then 8-wide builds sent more than
+#:   256 rows to the BLAS, so a prompt token's bits depended on whether its step held more than 256 rows,
+#:   and a prefill step ran op by op instead of in the layer driver's one C call.
 MAX_ROWS = 2048
 
 

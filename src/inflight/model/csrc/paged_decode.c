@@ -11,9 +11,12 @@
  * tensors, no intermediate tensors, no per-operator dispatch. A prefill chunk's consecutive tokens go
  * a tile at a time, their queries along the vector lanes (attend_tile), in the same summation order,
  * so a token's output has the same bits in a tile, alone, or as a decode. Work items are spread over
- * the package's threads (parallel.h).
+ * the package's threads (parallel.h). Every multiply-add is written out (fma8, fma16, fma1: vec8.h)
+ * and the file is built with -ffp-contract=off: a "same order" that left fusing to the compiler held
+ * only as long as GCC happened to fuse the same products in every copy of a loop.
  *
- * Built on first use by inflight/model/cpu_attention.py (cc -O3 -march=native -shared -fPIC -fopenmp).
+ * Built on first use by inflight/model/cpu_attention.py (cc -O3 -march=native -ffp-contract=off -shared
+ * -fPIC -fopenmp).
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,13 +25,19 @@
 #include "parallel.h"
 #include "vec16.h"
 
+/* the softmax's exp: exp8's steps (vec8.h) as fused multiply-adds, at either width */
+INFLIGHT_DEFINE_EXP(exp8_fused, v8, v8i, splat, select8, fma8)
+#if defined(__AVX512F__)
+INFLIGHT_DEFINE_EXP(exp16_fused, v16, v16i, splat16, select16, fma16)
+#endif
+
 /* q.k: eight partial sums in one register, added up in a fixed order (the same for every call) */
 static inline float dot(const float *q, const float *k, int64_t n) {
     v8 acc = {0.f};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc += load8(q + i) * load8(k + i);
+    for (; i + 8 <= n; i += 8) acc = fma8(load8(q + i), load8(k + i), acc);
     float s = sum8(acc);
-    for (; i < n; i++) s += q[i] * k[i];
+    for (; i < n; i++) s = fma1(q[i], k[i], s);
     return s;
 }
 
@@ -50,13 +59,13 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         v8 x = load8(q + i);
-        a0 += x * load8(k0 + i);
-        a1 += x * load8(k1 + i);
-        a2 += x * load8(k2 + i);
-        a3 += x * load8(k3 + i);
+        a0 = fma8(x, load8(k0 + i), a0);
+        a1 = fma8(x, load8(k1 + i), a1);
+        a2 = fma8(x, load8(k2 + i), a2);
+        a3 = fma8(x, load8(k3 + i), a3);
     }
     sum8x4(a0, a1, a2, a3, s);
-    for (; i < n; i++) s[0] += q[i] * k0[i], s[1] += q[i] * k1[i], s[2] += q[i] * k2[i], s[3] += q[i] * k3[i];
+    for (; i < n; i++) s[0] = fma1(q[i], k0[i], s[0]), s[1] = fma1(q[i], k1[i], s[1]), s[2] = fma1(q[i], k2[i], s[2]), s[3] = fma1(q[i], k3[i], s[3]);
 }
 
 /* two query heads that share a kv head against four keys: every key load serves both, so the loop
@@ -67,16 +76,16 @@ static inline void dot4x2(const float *qa, const float *qb, const float *k0, con
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         v8 x = load8(qa + i), y = load8(qb + i), k;
-        k = load8(k0 + i), a0 += x * k, b0 += y * k;
-        k = load8(k1 + i), a1 += x * k, b1 += y * k;
-        k = load8(k2 + i), a2 += x * k, b2 += y * k;
-        k = load8(k3 + i), a3 += x * k, b3 += y * k;
+        k = load8(k0 + i), a0 = fma8(x, k, a0), b0 = fma8(y, k, b0);
+        k = load8(k1 + i), a1 = fma8(x, k, a1), b1 = fma8(y, k, b1);
+        k = load8(k2 + i), a2 = fma8(x, k, a2), b2 = fma8(y, k, b2);
+        k = load8(k3 + i), a3 = fma8(x, k, a3), b3 = fma8(y, k, b3);
     }
     sum8x4(a0, a1, a2, a3, sa);
     sum8x4(b0, b1, b2, b3, sb);
     for (; i < n; i++) {
-        sa[0] += qa[i] * k0[i], sa[1] += qa[i] * k1[i], sa[2] += qa[i] * k2[i], sa[3] += qa[i] * k3[i];
-        sb[0] += qb[i] * k0[i], sb[1] += qb[i] * k1[i], sb[2] += qb[i] * k2[i], sb[3] += qb[i] * k3[i];
+        sa[0] = fma1(qa[i], k0[i], sa[0]), sa[1] = fma1(qa[i], k1[i], sa[1]), sa[2] = fma1(qa[i], k2[i], sa[2]), sa[3] = fma1(qa[i], k3[i], sa[3]);
+        sb[0] = fma1(qb[i], k0[i], sb[0]), sb[1] = fma1(qb[i], k1[i], sb[1]), sb[2] = fma1(qb[i], k2[i], sb[2]), sb[3] = fma1(qb[i], k3[i], sb[3]);
     }
 }
 
@@ -114,10 +123,10 @@ static inline void dot8x2(const float *qa, const float *qb, const float *k, int6
         v16 x = __builtin_shufflevector(xa8, xa8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
         v16 y = __builtin_shufflevector(xb8, xb8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
         v16 kk;
-        kk = join8(k + i, k + row + i), a0 += x * kk, b0 += y * kk;
-        kk = join8(k + 2 * row + i, k + 3 * row + i), a1 += x * kk, b1 += y * kk;
-        kk = join8(k + 4 * row + i, k + 5 * row + i), a2 += x * kk, b2 += y * kk;
-        kk = join8(k + 6 * row + i, k + 7 * row + i), a3 += x * kk, b3 += y * kk;
+        kk = join8(k + i, k + row + i), a0 = fma16(x, kk, a0), b0 = fma16(y, kk, b0);
+        kk = join8(k + 2 * row + i, k + 3 * row + i), a1 = fma16(x, kk, a1), b1 = fma16(y, kk, b1);
+        kk = join8(k + 4 * row + i, k + 5 * row + i), a2 = fma16(x, kk, a2), b2 = fma16(y, kk, b2);
+        kk = join8(k + 6 * row + i, k + 7 * row + i), a3 = fma16(x, kk, a3), b3 = fma16(y, kk, b3);
     }
     *sa = sum8x8(a0, a1, a2, a3);
     *sb = sum8x8(b0, b1, b2, b3);
@@ -147,7 +156,7 @@ static inline void prefetch_span(const float *p, int64_t n) {
  *
  * For a prompt's token that comes alone (runs of them go to attend_tile) the keys are already in cache
  * and the arithmetic sets the pace, so none of it is left to scalar code: the softmax is eight lanes
- * at a time (exp8), and a head's output stays in registers while the value rows of a block stream
+ * at a time (exp8_fused), and a head's output stays in registers while the value rows of a block stream
  * past, instead of being loaded and stored back for every row. Each head's arithmetic (which products
  * are summed, in what order) is the same however the heads are grouped and whatever else is in the
  * batch. */
@@ -218,9 +227,9 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
         for (int l = 0; l < 8; l++) m = mx[l] > m ? mx[l] : m;
         for (; j < L; j++) m = s[j] > m ? s[j] : m;
         v8 sum = {0.f}, top = splat(m);
-        for (j = 0; j + 8 <= L; j += 8) { v8 e = exp8(load8(s + j) - top); store8(s + j, e); sum += e; }
+        for (j = 0; j + 8 <= L; j += 8) { v8 e = exp8_fused(load8(s + j) - top); store8(s + j, e); sum += e; }
         if (j < L) {  /* the last L % 8 scores through the same code, in a zero-padded register */
-            v8 e = exp8(load_tail(s + j, L - j) - top);
+            v8 e = exp8_fused(load_tail(s + j, L - j) - top);
             for (int64_t l = 0; l < L - j; l++) s[j + l] = e[l], sum[l] += e[l];
         }
         total[h] = sum8(sum);
@@ -241,7 +250,7 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
                 for (int64_t r = 0; r < rows; r++) {
                     const float *v = vh + r * row + d;
                     v16 wj = splat16(wh[r]);
-                    a0 += wj * load16(v), a1 += wj * load16(v + 16), a2 += wj * load16(v + 32), a3 += wj * load16(v + 48);
+                    a0 = fma16(wj, load16(v), a0), a1 = fma16(wj, load16(v + 16), a1), a2 = fma16(wj, load16(v + 32), a2), a3 = fma16(wj, load16(v + 48), a3);
                 }
                 store16(o + d, a0), store16(o + d + 16, a1), store16(o + d + 32, a2), store16(o + d + 48, a3);
             }
@@ -252,14 +261,14 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
                 for (int64_t r = 0; r < rows; r++) {
                     const float *v = vh + r * row + d;
                     v8 wj = splat(wh[r]);
-                    a0 += wj * load8(v), a1 += wj * load8(v + 8), a2 += wj * load8(v + 16), a3 += wj * load8(v + 24);
-                    a4 += wj * load8(v + 32), a5 += wj * load8(v + 40), a6 += wj * load8(v + 48), a7 += wj * load8(v + 56);
+                    a0 = fma8(wj, load8(v), a0), a1 = fma8(wj, load8(v + 8), a1), a2 = fma8(wj, load8(v + 16), a2), a3 = fma8(wj, load8(v + 24), a3);
+                    a4 = fma8(wj, load8(v + 32), a4), a5 = fma8(wj, load8(v + 40), a5), a6 = fma8(wj, load8(v + 48), a6), a7 = fma8(wj, load8(v + 56), a7);
                 }
                 store8(o + d, a0), store8(o + d + 8, a1), store8(o + d + 16, a2), store8(o + d + 24, a3);
                 store8(o + d + 32, a4), store8(o + d + 40, a5), store8(o + d + 48, a6), store8(o + d + 56, a7);
             }
             for (; d < D; d++)  /* a head size that isn't a multiple of 64: the rest one float at a time */
-                for (int64_t r = 0; r < rows; r++) o[d] += wh[r] * vh[r * row + d];
+                for (int64_t r = 0; r < rows; r++) o[d] = fma1(wh[r], vh[r * row + d], o[d]);
         }
     }
     for (int64_t h = 0; h < heads; h++)
@@ -296,7 +305,8 @@ typedef v16i vti;
 #define STORET store16
 #define SPLATT splat16
 #define SELECTT select16
-#define EXPT exp16
+#define EXPT exp16_fused
+#define FMAT fma16
 #else
 #define TL 8
 typedef v8 vt;
@@ -305,7 +315,8 @@ typedef v8i vti;
 #define STORET store8
 #define SPLATT splat
 #define SELECTT select8
-#define EXPT exp8
+#define EXPT exp8_fused
+#define FMAT fma8
 #endif
 
 /* up to TL queries of one kv head over one block table: lane i is query q[i], output out[i], causal
@@ -329,9 +340,9 @@ static inline int64_t tile_workspace(int64_t Lmax, int64_t D) { return TL * (D +
         A[0] = A[1] = A[2] = A[3] = B[0] = B[1] = B[2] = B[3] = (vt){0.f};                        \
         for (int64_t d = (c); d < D; d += 8) {                                                    \
             vt x = LOADT(Qt + d * TL), y = LOADT(Qt + (d + 4) * TL);                              \
-            A[0] += x * SPLATT(k0[d]), A[1] += x * SPLATT(k1[d]), A[2] += x * SPLATT(k2[d]), A[3] += x * SPLATT(k3[d]); \
-            B[0] += y * SPLATT(k0[d + 4]), B[1] += y * SPLATT(k1[d + 4]), B[2] += y * SPLATT(k2[d + 4]),      \
-                B[3] += y * SPLATT(k3[d + 4]);                                                    \
+            A[0] = FMAT(x, SPLATT(k0[d]), A[0]), A[1] = FMAT(x, SPLATT(k1[d]), A[1]), A[2] = FMAT(x, SPLATT(k2[d]), A[2]), A[3] = FMAT(x, SPLATT(k3[d]), A[3]); \
+            B[0] = FMAT(y, SPLATT(k0[d + 4]), B[0]), B[1] = FMAT(y, SPLATT(k1[d + 4]), B[1]), B[2] = FMAT(y, SPLATT(k2[d + 4]), B[2]),      \
+                B[3] = FMAT(y, SPLATT(k3[d + 4]), B[3]);                                                    \
         }                                                                                         \
     } while (0)
 
@@ -419,7 +430,7 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
                     vt v0 = LOADT(v), v1 = LOADT(v + TL), v2 = LOADT(v + 2 * TL), v3 = LOADT(v + 3 * TL);
                     for (int l = 0; l < 4; l++) {
                         vt wl = SPLATT(wr[l]);
-                        o[l][0] += wl * v0, o[l][1] += wl * v1, o[l][2] += wl * v2, o[l][3] += wl * v3;
+                        o[l][0] = FMAT(wl, v0, o[l][0]), o[l][1] = FMAT(wl, v1, o[l][1]), o[l][2] = FMAT(wl, v2, o[l][2]), o[l][3] = FMAT(wl, v3, o[l][3]);
                     }
                 }
             }
@@ -427,7 +438,7 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
                 const float *v = VROW(j);
                 for (int l = 0; l < 4; l++)
                     if (j < len4[l])
-                        for (int k = 0; k < 4; k++) o[l][k] += SPLATT(s[j * TL + l0 + l]) * LOADT(v + k * TL);
+                        for (int k = 0; k < 4; k++) o[l][k] = FMAT(SPLATT(s[j * TL + l0 + l]), LOADT(v + k * TL), o[l][k]);
             }
             for (int l = 0; l < 4 && l0 + l < t->nq; l++) {
                 vt tot = SPLATT(total[l0 + l]);
@@ -441,12 +452,12 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
                 int64_t j0 = b * block_size, rows = lo - j0 < block_size ? lo - j0 : block_size;
                 for (int64_t r = 0; r < rows; r++) {
                     vt v0 = LOADT(vb + r * row);
-                    for (int l = 0; l < 4; l++) o[l] += SPLATT(s[(j0 + r) * TL + l0 + l]) * v0;
+                    for (int l = 0; l < 4; l++) o[l] = FMAT(SPLATT(s[(j0 + r) * TL + l0 + l]), v0, o[l]);
                 }
             }
             for (int64_t j = lo; j < hi; j++)
                 for (int l = 0; l < 4; l++)
-                    if (j < len4[l]) o[l] += SPLATT(s[j * TL + l0 + l]) * LOADT(VROW(j));
+                    if (j < len4[l]) o[l] = FMAT(SPLATT(s[j * TL + l0 + l]), LOADT(VROW(j)), o[l]);
             for (int l = 0; l < 4 && l0 + l < t->nq; l++) STORET(t->out[l0 + l] + d, o[l] / SPLATT(total[l0 + l]));
         }
 #undef VROW

@@ -33,7 +33,8 @@
  *
  * Every output is one chain of multiply-adds over k in order, started at zero, in its own lane: the
  * same whatever the tile, the row count or the thread, so a row's result still never depends on what
- * else is in the batch. */
+ * else is in the batch. The multiply-adds are written out (fma8, fma16: vec8.h) and the file is built
+ * with -ffp-contract=off, so that the compiler cannot fuse them in one tile's loop and not another's. */
 #define PANEL 16
 #define TILE_ROWS 6
 
@@ -47,7 +48,7 @@ static inline void panel_tile(const float *x, int64_t K, const float *panel, int
         v8 w0 = load8(panel + k * PANEL), w1 = load8(panel + k * PANEL + 8);
         for (int r = 0; r < R; r++) {
             v8 xr = splat(x[r * K + k]);
-            a[r][0] += xr * w0, a[r][1] += xr * w1;
+            a[r][0] = fma8(xr, w0, a[r][0]), a[r][1] = fma8(xr, w1, a[r][1]);
         }
     }
     if (cols == PANEL) {  /* a whole panel: the rows straight from the registers (plus the bias) */
@@ -86,7 +87,7 @@ static inline void pair_tile(const float *x, int64_t K, const float *panel, int6
         v16 w0 = load16(panel + k * PANEL), w1 = load16(next + k * PANEL);
         for (int r = 0; r < R; r++) {
             v16 xr = splat16(x[r * K + k]);
-            a[r][0] += xr * w0, a[r][1] += xr * w1;
+            a[r][0] = fma16(xr, w0, a[r][0]), a[r][1] = fma16(xr, w1, a[r][1]);
         }
     }
     /* the tile's rows straight from the registers: two 16-float stores a row (plus the bias, one add an

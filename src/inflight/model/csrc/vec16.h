@@ -8,6 +8,7 @@
 #define INFLIGHT_VEC16_H
 #include "vec8.h"
 #if defined(__AVX512F__)
+#include <immintrin.h>
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 load16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
@@ -15,7 +16,11 @@ static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 static inline v16 select16(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
 
+/* fma8 (vec8.h), sixteen lanes at a time: one fused multiply-add per lane (AVX-512 always has them) */
+static inline v16 fma16(v16 a, v16 b, v16 c) { return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+
 /* exp8 (vec8.h), sixteen lanes at a time: the same body, so the same constants and operations */
-INFLIGHT_DEFINE_EXP(exp16, v16, v16i, splat16, select16)
+static inline v16 madd16(v16 a, v16 b, v16 c) { return a * b + c; }
+INFLIGHT_DEFINE_EXP(exp16, v16, v16i, splat16, select16, madd16)
 #endif
 #endif

@@ -18,6 +18,27 @@ static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 static inline v8 splat(float a) { return (v8){a, a, a, a, a, a, a, a}; }
 /* lanes of a where the mask (all ones or all zeros per lane, as comparisons give) is set, else b */
 static inline v8 select8(v8i mask, v8 a, v8 b) { return (v8)((mask & (v8i)a) | (~mask & (v8i)b)); }
+/* a * b + c, written out. Where the CPU fuses a multiply and an add into one rounding (x86's FMA,
+ * every aarch64 core), it is one fused multiply-add; elsewhere a product rounded, then a sum. The
+ * kernels that promise a result independent of its batch (the attention kernel, the skinny GEMM) say
+ * every multiply-add with these and are built with -ffp-contract=off: left to itself, GCC fuses
+ * `a += x * y` in some copies of a loop and not in others (inlined twice, or unrolled), and then a
+ * token's output depends on which path computed it -- a unit in the last place, but not its bits. */
+#if defined(__FMA__) && defined(__AVX__)
+#include <immintrin.h>
+static inline v8 fma8(v8 a, v8 b, v8 c) { return (v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#elif defined(__aarch64__)
+static inline v8 fma8(v8 a, v8 b, v8 c) {
+    v8 r;
+    for (int i = 0; i < 8; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+}
+static inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#else
+static inline v8 fma8(v8 a, v8 b, v8 c) { return a * b + c; }
+static inline float fma1(float a, float b, float c) { return a * b + c; }
+#endif
 /* the eight lanes added in one fixed order, the same for every call */
 static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
 
@@ -26,29 +47,32 @@ static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2]
  * exponent bits (as 2^(n-1) * 2, so that n = 128 still has an exponent). Past expf's overflow point
  * the answer is infinity, as torch's is; below -86.6 it is about 1e-38 rather than a subnormal (silu
  * adds it to 1; a softmax weight that small is nothing next to the largest, which is 1). */
-/* (one body for every vector width: vec16.h makes exp16 from it, the same operations lane for lane) */
-#define INFLIGHT_DEFINE_EXP(NAME, V, VI, SPLAT, SELECT)                                              \
+/* (one body for every vector width: vec16.h makes exp16 from it, the same operations lane for lane.
+ * MADD(a, b, c) is each step's a * b + c: madd8 / madd16, a product rounded then a sum, for the fused
+ * passes, whose SiLU keeps torch's bits; fma8 / fma16 for the attention kernel's softmax.) */
+#define INFLIGHT_DEFINE_EXP(NAME, V, VI, SPLAT, SELECT, MADD)                                        \
     static inline V NAME(V x) {                                                                      \
         VI overflow = x > SPLAT(88.72283935546875f);                                                 \
         x = SELECT(x < SPLAT(88.72283935546875f), x, SPLAT(88.72283935546875f));                     \
         x = SELECT(x > SPLAT(-86.6f), x, SPLAT(-86.6f));                                             \
-        V fx = x * SPLAT(1.44269504088896341f) + SPLAT(0.5f);                                        \
+        V fx = MADD(x, SPLAT(1.44269504088896341f), SPLAT(0.5f));                                     \
         VI n = __builtin_convertvector(fx, VI);            /* truncates towards zero ... */          \
         n += (VI)(__builtin_convertvector(n, V) > fx);     /* ... so step down where fx < 0: floor */ \
         V fn = __builtin_convertvector(n, V);                                                        \
-        x = x - fn * SPLAT(0.693359375f) - fn * SPLAT(-2.12194440e-4f);                              \
+        x = MADD(fn, SPLAT(2.12194440e-4f), MADD(fn, SPLAT(-0.693359375f), x));  /* x - fn c1 - fn c2 */ \
         V y = SPLAT(1.9875691500e-4f);                                                               \
-        y = y * x + SPLAT(1.3981999507e-3f);                                                         \
-        y = y * x + SPLAT(8.3334519073e-3f);                                                         \
-        y = y * x + SPLAT(4.1665795894e-2f);                                                         \
-        y = y * x + SPLAT(1.6666665459e-1f);                                                         \
-        y = y * x + SPLAT(5.0000001201e-1f);                                                         \
-        y = y * (x * x) + x + SPLAT(1.f);                                                            \
+        y = MADD(y, x, SPLAT(1.3981999507e-3f));                                                     \
+        y = MADD(y, x, SPLAT(8.3334519073e-3f));                                                     \
+        y = MADD(y, x, SPLAT(4.1665795894e-2f));                                                     \
+        y = MADD(y, x, SPLAT(1.6666665459e-1f));                                                     \
+        y = MADD(y, x, SPLAT(5.0000001201e-1f));                                                     \
+        y = MADD(y, x * x, x) + SPLAT(1.f);                                                          \
         VI bits = (n + 126) << 23;                                                                   \
         V half_scale;                                                                                \
         memcpy(&half_scale, &bits, sizeof half_scale);                                               \
         return SELECT(overflow, SPLAT(__builtin_inff()), y * half_scale * SPLAT(2.f));               \
     }
-INFLIGHT_DEFINE_EXP(exp8, v8, v8i, splat, select8)
+static inline v8 madd8(v8 a, v8 b, v8 c) { return a * b + c; }
+INFLIGHT_DEFINE_EXP(exp8, v8, v8i, splat, select8, madd8)
 
 #endif
