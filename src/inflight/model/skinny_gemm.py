@@ -39,7 +39,7 @@ PROFILER_NAME = "inflight::skinny_gemm_c"
 #:   kernel is 1.4-2.2x the BLAS at every size, 1-2048 rows; on an Intel Xeon whose BLAS runs AVX-512
 #:   (`results/cpu_kernel_xeon_cpu.json`): 1.0-1.3x at 16-256 rows, 4-16 % slower at 384-2048;
 #: - built 8 wide, on an AMD EPYC without AVX-512 (`results/cpu_kernel_zen3_cpu.json`): 1.1-2.1x at
-#:   1-256 rows, and at 384-2048 from 8 % faster to 6 % slower. Until then 8-wide builds sent more than
+#:   1-256 rows, and at 384-2048 from 8 % faster to 7 % slower. Until then 8-wide builds sent more than
 #:   256 rows to the BLAS, so a prompt token's bits depended on whether its step held more than 256 rows,
 #:   and a prefill step ran op by op instead of in the layer driver's one C call.
 MAX_ROWS = 2048
