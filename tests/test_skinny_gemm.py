@@ -49,6 +49,25 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_any_number_of_threads():
         torch.set_num_threads(before)
 
 
+def _built_so_gives_the_same_bits(flags):
+    """The kernel built with `flags` instead of its own against the kernel as built here, on tiles of
+    every shape and tails: equal to the bit."""
+    from inflight.model import c_build, thread_pool
+
+    other = c_build.LazyLibrary(skinny_gemm.SOURCE, flags, skinny_gemm.SYMBOLS, skinny_gemm._declare).load()
+    assert other is not None
+    gen = torch.Generator().manual_seed(3)
+    for M, K, N, bias in [(1, 256, 512, False), (7, 688, 256, True), (9, 256, 1376, False), (37, 250, 1029, True),
+                          (64, 256, 257, False), (300, 64, 48, True), (5, 3, 17, False)]:
+        x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
+        b = torch.randn(N, generator=gen) if bias else None
+        out = torch.empty(M, N)
+        other.inflight_packed_gemm_f32(x.data_ptr(), M, K, skinny_gemm.panels(w).data_ptr(), N,
+                                       None if b is None else b.data_ptr(), out.data_ptr(), thread_pool.threads())
+        assert torch.equal(skinny_gemm.kernel_linear(x, w, b), out), (M, K, N, bias)
+    return other
+
+
 @needs_c
 @pytest.mark.skipif(skinny_gemm.lanes() != 16, reason="the kernel is built 8 wide here (no AVX-512)")
 def test_the_16_wide_tile_gives_the_bits_of_the_8_wide_one():
@@ -56,20 +75,8 @@ def test_the_16_wide_tile_gives_the_bits_of_the_8_wide_one():
     without it (-mno-avx512f: what a CPU without AVX-512 runs), six rows and 8 lanes. Each output is
     the same chain of multiply-adds either way, so the two agree to the bit: a reader's CPU changes
     the speed, never the tokens."""
-    from inflight.model import c_build, thread_pool
-
-    narrow = c_build.LazyLibrary(skinny_gemm.SOURCE, skinny_gemm.FLAGS + ["-mno-avx512f"], skinny_gemm.SYMBOLS,
-                                 skinny_gemm._declare).load()
-    assert narrow is not None and narrow.inflight_gemm_lanes() == 8
-    gen = torch.Generator().manual_seed(3)
-    for M, K, N, bias in [(1, 256, 512, False), (7, 688, 256, True), (9, 256, 1376, False), (37, 250, 1029, True),
-                          (64, 256, 257, False), (300, 64, 48, True), (5, 3, 17, False)]:
-        x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
-        b = torch.randn(N, generator=gen) if bias else None
-        out = torch.empty(M, N)
-        narrow.inflight_packed_gemm_f32(x.data_ptr(), M, K, skinny_gemm.panels(w).data_ptr(), N,
-                                        None if b is None else b.data_ptr(), out.data_ptr(), thread_pool.threads())
-        assert torch.equal(skinny_gemm.kernel_linear(x, w, b), out), (M, K, N, bias)
+    narrow = _built_so_gives_the_same_bits(skinny_gemm.FLAGS + ["-mno-avx512f"])
+    assert narrow.inflight_gemm_lanes() == 8
 
 
 @needs_c
@@ -77,21 +84,8 @@ def test_every_multiply_add_is_written_out_so_the_compilers_fusing_changes_no_bi
     """Each output's chain of multiply-adds is written out (fma8 / fma16) and the kernel is built with
     -ffp-contract=off, so no compiler is left to fuse a product into a sum in one tile and not another:
     built with GCC's default (-ffp-contract=fast) it gives the same bits, every tile shape and tail."""
-    from inflight.model import c_build, thread_pool
-
     assert "-ffp-contract=off" in skinny_gemm.FLAGS
-    fused = c_build.LazyLibrary(skinny_gemm.SOURCE, [f for f in skinny_gemm.FLAGS if f != "-ffp-contract=off"] +
-                                ["-ffp-contract=fast"], skinny_gemm.SYMBOLS, skinny_gemm._declare).load()
-    assert fused is not None
-    gen = torch.Generator().manual_seed(5)
-    for M, K, N, bias in [(1, 256, 512, False), (7, 688, 256, True), (13, 256, 1376, False), (37, 250, 1029, True),
-                          (300, 64, 48, True), (5, 3, 17, False)]:
-        x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
-        b = torch.randn(N, generator=gen) if bias else None
-        out = torch.empty(M, N)
-        fused.inflight_packed_gemm_f32(x.data_ptr(), M, K, skinny_gemm.panels(w).data_ptr(), N,
-                                       None if b is None else b.data_ptr(), out.data_ptr(), thread_pool.threads())
-        assert torch.equal(skinny_gemm.kernel_linear(x, w, b), out), (M, K, N, bias)
+    _built_so_gives_the_same_bits([f for f in skinny_gemm.FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"])
 
 
 @pytest.mark.parametrize("case", ["no_rows", "many_rows", "float64", "grad", "not_contiguous", "three_d", "reference_only"])
