@@ -25,7 +25,8 @@ __all__ = ["load", "build_error", "parallel_backend", "paged_decode_attention_cp
            "workspace_per_thread"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]  # (fma8: csrc/vec8.h)
+# -ffp-contract=off: every multiply-add is written out (csrc/vec8.h's fma8), none left to the compiler
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]
 SYMBOLS = ("inflight_paged_decode_f32", "inflight_use_pool", "inflight_parallel_backend")
 PROFILER_NAME = "inflight::paged_attention_c"  # how the kernel's calls appear in a torch.profiler table
 INT32_MAX = 2**31 - 1

@@ -28,7 +28,8 @@ from inflight.model import c_build, fused_ops, thread_pool
 __all__ = ["linear", "kernel_linear", "pack", "panels", "load", "build_error", "max_rows", "lanes", "MAX_ROWS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "skinny_gemm.c"
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]  # (fma8: csrc/vec8.h)
+# -ffp-contract=off: every multiply-add is written out (csrc/vec8.h's fma8), none left to the compiler
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off"]
 SYMBOLS = ("inflight_packed_gemm_f32", "inflight_gemm_lanes", "inflight_use_pool", "inflight_parallel_backend")
 PANEL = 16  # output columns per packed panel (csrc/skinny_gemm.c)
 PROFILER_NAME = "inflight::skinny_gemm_c"

@@ -48,8 +48,8 @@ static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2]
  * the answer is infinity, as torch's is; below -86.6 it is about 1e-38 rather than a subnormal (silu
  * adds it to 1; a softmax weight that small is nothing next to the largest, which is 1). */
 /* (one body for every vector width: vec16.h makes exp16 from it, the same operations lane for lane.
- * MADD(a, b, c) is each step's a * b + c: madd8 / madd16, a product rounded then a sum, for the fused
- * passes, whose SiLU keeps torch's bits; fma8 / fma16 for the attention kernel's softmax.) */
+ * MADD(a, b, c) is each step's a * b + c: madd8 / madd16, a product rounded then a sum, for SwiGLU's
+ * pass (layer_ops.c), whose SiLU keeps torch's bits; fma8 / fma16 for the attention kernel's softmax.) */
 #define INFLIGHT_DEFINE_EXP(NAME, V, VI, SPLAT, SELECT, MADD)                                        \
     static inline V NAME(V x) {                                                                      \
         VI overflow = x > SPLAT(88.72283935546875f);                                                 \
