@@ -16,8 +16,14 @@ static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 static inline v16 select16(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
 
-/* fma8 (vec8.h), sixteen lanes at a time: one fused multiply-add per lane (AVX-512 always has them) */
+/* fma8 (vec8.h), sixteen lanes at a time, fused exactly where fma8 is: every CPU with AVX-512 has
+ * FMA, but a build for AVX-512 without -mfma (not -march=native) has fma8 unfused, and the two widths
+ * must round alike */
+#if defined(__FMA__)
 static inline v16 fma16(v16 a, v16 b, v16 c) { return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+#else
+static inline v16 fma16(v16 a, v16 b, v16 c) { return a * b + c; }
+#endif
 
 /* exp8 (vec8.h), sixteen lanes at a time: the same body, so the same constants and operations */
 static inline v16 madd16(v16 a, v16 b, v16 c) { return a * b + c; }
