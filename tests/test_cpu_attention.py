@@ -76,18 +76,22 @@ def test_a_prompts_tokens_in_one_call_get_the_bits_of_one_at_a_time(kvh, g, bloc
     _each_query_alone_gets_the_bits_of_the_call(q, kc, vc, meta)
 
 
+def _built_so_gives_the_same_bits(monkeypatch, flags, q, kc, vc, meta):
+    """The kernel as built here against the same file built with `flags` instead: equal to the bit."""
+    from inflight.model import c_build
+
+    here = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    other = c_build.LazyLibrary(cpu_attention.SOURCE, flags, cpu_attention.SYMBOLS, cpu_attention._declare)
+    assert other.load() is not None, other.build_error()
+    monkeypatch.setattr(cpu_attention, "_library", other)
+    there = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
+    assert torch.equal(there.view(torch.int32), here.view(torch.int32))
+
+
 def _built_8_wide_gives_the_same_bits(monkeypatch, q, kc, vc, meta):
     """The kernel as built here (AVX-512) against the same file built with -mno-avx512f (what a CPU
     without AVX-512 runs): equal to the bit."""
-    from inflight.model import c_build
-
-    wide = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    narrow = c_build.LazyLibrary(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"], cpu_attention.SYMBOLS,
-                                 cpu_attention._declare)
-    assert narrow.load() is not None
-    monkeypatch.setattr(cpu_attention, "_library", narrow)
-    assert torch.equal(cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3),
-                       wide)
+    _built_so_gives_the_same_bits(monkeypatch, cpu_attention.FLAGS + ["-mno-avx512f"], q, kc, vc, meta)
 
 
 @needs_kernel
@@ -175,18 +179,23 @@ def test_every_multiply_add_is_written_out_so_the_compilers_fusing_changes_no_bi
     place off their decode). So every multiply-add is written out (vec8.h's fma8) and the kernel is
     built with -ffp-contract=off; built with GCC's default instead, nothing is left for it to fuse, and
     the two builds agree to the bit -- prompts as tiles, lone tokens and decodes."""
-    from inflight.model import c_build
-
     gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D)
     q, kc, vc, meta = _prompt_runs(gen, [1, 7, 17, 33, (40, 75)], [9, 50, 3], block_size, kvh, g, D)
     assert "-ffp-contract=off" in cpu_attention.FLAGS
-    built_off = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    fused = c_build.LazyLibrary(cpu_attention.SOURCE, [f for f in cpu_attention.FLAGS if f != "-ffp-contract=off"] +
-                                ["-ffp-contract=fast"], cpu_attention.SYMBOLS, cpu_attention._declare)
-    assert fused.load() is not None
-    monkeypatch.setattr(cpu_attention, "_library", fused)
-    built_fast = cpu_attention.paged_decode_attention_cpu(q, kc, vc, meta.block_tables, meta.context_lens, 0.3)
-    assert torch.equal(built_fast.view(torch.int32), built_off.view(torch.int32))
+    fast = [f for f in cpu_attention.FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"]
+    _built_so_gives_the_same_bits(monkeypatch, fast, q, kc, vc, meta)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kvh, g, block_size, D", [(1, 1, 16, 64), (2, 2, 16, 64), (2, 3, 5, 24)])
+def test_the_form_gcc_11_builds_gives_the_same_bits(monkeypatch, kvh, g, block_size, D):
+    """GCC 11 (Ubuntu 22.04's: Colab's) has no __builtin_shufflevector; vec8.h / vec16.h pick lanes with
+    __builtin_shuffle there, and with copies where a pick changes the width. Built in that form by the
+    compiler here (-DINFLIGHT_NO_SHUFFLEVECTOR), at this CPU's width, the kernel gives the same bits:
+    decodes (the lanes' sums), a prompt's tiles, and on an AVX-512 CPU its 16-wide scores."""
+    gen = torch.Generator().manual_seed(kvh * 1000 + g * 100 + block_size + D + 1)
+    q, kc, vc, meta = _prompt_runs(gen, [1, 7, 17, 33, (40, 75)], [9, 50, 3, 64, 65, 100], block_size, kvh, g, D)
+    _built_so_gives_the_same_bits(monkeypatch, cpu_attention.FLAGS + ["-DINFLIGHT_NO_SHUFFLEVECTOR"], q, kc, vc, meta)
 
 
 @needs_kernel

@@ -45,10 +45,10 @@ static inline float dot(const float *q, const float *k, int64_t n) {
  * was computed), in three vector steps instead of four separate horizontal sums */
 static inline void sum8x4(v8 a, v8 b, v8 c, v8 d, float *s) {
     /* lanes i and i+4 of each: [a0+a4 .. a3+a7, b0+b4 .. b3+b7], the same for c and d */
-    v8 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
-    v8 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
+    v8 ab = pick8(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + pick8(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+    v8 cd = pick8(c, d, 0, 1, 2, 3, 8, 9, 10, 11) + pick8(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
     /* neighbours: [a(0,4)+a(1,5), a(2,6)+a(3,7), c.., c.., b.., b.., d.., d..] */
-    v8 p = __builtin_shufflevector(ab, cd, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(ab, cd, 1, 3, 9, 11, 5, 7, 13, 15);
+    v8 p = pick8(ab, cd, 0, 2, 8, 10, 4, 6, 12, 14) + pick8(ab, cd, 1, 3, 9, 11, 5, 7, 13, 15);
     s[0] = p[0] + p[1], s[1] = p[4] + p[5], s[2] = p[2] + p[3], s[3] = p[6] + p[7];
 }
 
@@ -97,22 +97,21 @@ static inline void dot4x2(const float *qa, const float *qb, const float *k0, con
  * scores. tests/test_cpu_attention.py checks this file built with and without AVX-512 bit for bit. */
 /* eight floats at a and eight at b, side by side */
 static inline v16 join8(const float *a, const float *b) {
-    return __builtin_shufflevector(load8(a), load8(b), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return join2x8(load8(a), load8(b));
 }
 
 /* the sums of the eight keys' partials in A = [k0 | k1], B = [k2 | k3], C, D, each added up exactly
  * as sum8 adds: ((p0 + p4) + (p1 + p5)) + ((p2 + p6) + (p3 + p7)) */
 static inline v8 sum8x8(v16 A, v16 B, v16 C, v16 D) {
-    v16 ab = __builtin_shufflevector(A, B, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-             __builtin_shufflevector(A, B, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    v16 cd = __builtin_shufflevector(C, D, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-             __builtin_shufflevector(C, D, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    v16 ab = pick16(A, B, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             pick16(A, B, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    v16 cd = pick16(C, D, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             pick16(C, D, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
     /* per key [p0+p4, p1+p5, p2+p6, p3+p7]: pair the neighbours */
-    v16 p = __builtin_shufflevector(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-            __builtin_shufflevector(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    v16 p = pick16(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+            pick16(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     /* per key [(p0+p4)+(p1+p5), (p2+p6)+(p3+p7)]: the last step */
-    return __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14) +
-           __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15);
+    return evens_plus_odds(p);
 }
 
 /* two query heads against eight keys k, k + row, ..., k + 7 row (n a multiple of 8): sa, sb */
@@ -120,8 +119,7 @@ static inline void dot8x2(const float *qa, const float *qb, const float *k, int6
     v16 a0 = {0.f}, a1 = {0.f}, a2 = {0.f}, a3 = {0.f}, b0 = {0.f}, b1 = {0.f}, b2 = {0.f}, b3 = {0.f};
     for (int64_t i = 0; i < n; i += 8) {
         v8 xa8 = load8(qa + i), xb8 = load8(qb + i);
-        v16 x = __builtin_shufflevector(xa8, xa8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-        v16 y = __builtin_shufflevector(xb8, xb8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+        v16 x = join2x8(xa8, xa8), y = join2x8(xb8, xb8);
         v16 kk;
         kk = join8(k + i, k + row + i), a0 = fma16(x, kk, a0), b0 = fma16(y, kk, b0);
         kk = join8(k + 2 * row + i, k + 3 * row + i), a1 = fma16(x, kk, a1), b1 = fma16(y, kk, b1);

@@ -16,6 +16,33 @@ static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 static inline v16 splat16(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 static inline v16 select16(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
 
+#if INFLIGHT_SHUFFLEVECTOR
+#define pick16(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define pick16(a, b, ...) __builtin_shuffle(a, b, (v16i){__VA_ARGS__})
+#endif
+/* a and b side by side; and the even lanes of p plus its odd lanes (GCC 11's __builtin_shuffle cannot
+ * change a vector's width, so these two say it with copies there) */
+static inline v16 join2x8(v8 a, v8 b) {
+#if INFLIGHT_SHUFFLEVECTOR
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    v16 x;
+    memcpy(&x, &a, sizeof a), memcpy((char *)&x + sizeof a, &b, sizeof b);
+    return x;
+#endif
+}
+static inline v8 evens_plus_odds(v16 p) {
+#if INFLIGHT_SHUFFLEVECTOR
+    return __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15);
+#else
+    v16 t = pick16(p, p, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    v8 evens, odds;
+    memcpy(&evens, &t, sizeof evens), memcpy(&odds, (char *)&t + sizeof evens, sizeof odds);
+    return evens + odds;
+#endif
+}
+
 /* fma8 (vec8.h), sixteen lanes at a time, fused exactly where fma8 is: every CPU with AVX-512 has
  * FMA, but a build for AVX-512 without -mfma (not -march=native) has fma8 unfused, and the two widths
  * must round alike */

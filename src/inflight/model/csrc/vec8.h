@@ -39,6 +39,18 @@ static inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b
 static inline v8 fma8(v8 a, v8 b, v8 c) { return a * b + c; }
 static inline float fma1(float a, float b, float c) { return a * b + c; }
 #endif
+/* lanes picked from two vectors by index (0-7 a's, 8-15 b's). __builtin_shufflevector is clang's and
+ * GCC's from 12 on; GCC 11 (Ubuntu 22.04's, so Colab's) has only __builtin_shuffle, which takes the
+ * indices as a vector of the result's width. (vec16.h's pick16 is the same at 16 lanes.) Before, the
+ * attention kernel did not build with GCC 11, and Colab ran the torch reference instead. The tests
+ * build GCC 11's form with any compiler (-DINFLIGHT_NO_SHUFFLEVECTOR) and hold it to the same bits. */
+#if !defined(INFLIGHT_NO_SHUFFLEVECTOR) && (defined(__clang__) || __GNUC__ >= 12)
+#define INFLIGHT_SHUFFLEVECTOR 1
+#define pick8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define INFLIGHT_SHUFFLEVECTOR 0
+#define pick8(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
 /* the eight lanes added in one fixed order, the same for every call */
 static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
 
