@@ -297,6 +297,7 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
  * tests/test_cpu_attention.py holds every token of a tile to the bits of the same token alone. */
 #if defined(__AVX512F__)
 #define TL 16
+#define NV 4
 typedef v16 vt;
 typedef v16i vti;
 #define LOADT load16
@@ -307,6 +308,7 @@ typedef v16i vti;
 #define FMAT fma16
 #else
 #define TL 8
+#define NV 2
 typedef v8 vt;
 typedef v8i vti;
 #define LOADT load8
@@ -338,6 +340,7 @@ static inline int64_t tile_workspace(int64_t Lmax, int64_t D) { return TL * (D +
         A[0] = A[1] = A[2] = A[3] = B[0] = B[1] = B[2] = B[3] = (vt){0.f};                        \
         for (int64_t d = (c); d < D; d += 8) {                                                    \
             vt x = LOADT(Qt + d * TL), y = LOADT(Qt + (d + 4) * TL);                              \
+            IN_REGISTER(x); IN_REGISTER(y);                                                       \
             A[0] = FMAT(x, SPLATT(k0[d]), A[0]), A[1] = FMAT(x, SPLATT(k1[d]), A[1]), A[2] = FMAT(x, SPLATT(k2[d]), A[2]), A[3] = FMAT(x, SPLATT(k3[d]), A[3]); \
             B[0] = FMAT(y, SPLATT(k0[d + 4]), B[0]), B[1] = FMAT(y, SPLATT(k1[d + 4]), B[1]), B[2] = FMAT(y, SPLATT(k2[d + 4]), B[2]),      \
                 B[3] = FMAT(y, SPLATT(k3[d + 4]), B[3]);                                                    \
@@ -360,6 +363,27 @@ static inline void score4(const float *Qt, const float *k0, const float *k1, con
     for (int i = 0; i < nkeys; i++) STORET(s + i * TL, (p[i] + q[i]) * SPLATT(scale));
 }
 #undef CLASSES4
+
+/* rows value rows from v (stride row) into the running outputs of up to four lanes, elements d ..
+ * d + nv TL - 1: out4[l][d..] += w[r][l] * v[r][..] for r in order, the sums in registers over the rows
+ * (w: the block's weights, TL floats a row, the group's first lane at w[0]). The value vectors are
+ * loaded once a row into registers (IN_REGISTER), not again as an operand of each lane's multiply-add. */
+static inline __attribute__((always_inline)) void value_rows(const float *v, int64_t row, int64_t rows, const float *w,
+                                                             float *const *out4, int n4, int64_t d, const int nv) {
+    vt o[4][NV];
+    for (int l = 0; l < 4; l++)
+        for (int k = 0; k < nv; k++) o[l][k] = l < n4 ? LOADT(out4[l] + d + k * TL) : (vt){0.f};
+    for (int64_t r = 0; r < rows; r++, v += row, w += TL) {
+        vt x[NV];
+        for (int k = 0; k < nv; k++) { vt y = LOADT(v + k * TL); IN_REGISTER(y); x[k] = y; }
+        for (int l = 0; l < 4; l++) {
+            vt wl = SPLATT(w[l]);
+            for (int k = 0; k < nv; k++) o[l][k] = FMAT(wl, x[k], o[l][k]);
+        }
+    }
+    for (int l = 0; l < n4; l++)
+        for (int k = 0; k < nv; k++) STORET(out4[l] + d + k * TL, o[l][k]);
+}
 
 /* the tile's attention, keys 0..Lmax-1 of kv head kvh through `table` (every lane's own length is at
  * most Lmax, and its blocks are the first of the table's); w: tile_workspace(Lmax, D) floats */
@@ -407,58 +431,44 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
         c[k] += e;
     }
     STORET(total, ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
-    /* values: four lanes' outputs in registers over every key. Each lane's chain stops at its own
-     * length, as it does alone: the keys every one of the four sees first, block by block, then the
-     * few (under a tile's tokens) that only the longer ones see, lane by lane -- a weight of zero
-     * times a value is not always zero (an inf or NaN there would spread), and +0 would turn a -0 */
+    /* values, block by block: a block's value rows come into L1 once and serve every lane and every
+     * part of the head, instead of each pass over the head streaming all the context's rows from L2.
+     * Each lane's output accumulates in its own output row (loaded and stored once per block: a few
+     * percent of the multiply-adds), and each lane's chain stops at its own length, as it does alone:
+     * the keys every lane of a group of four sees, block by block, then the few (under a tile's
+     * tokens) that only the longer ones see, lane by lane -- a weight of zero times a value is not
+     * always zero (an inf or NaN there would spread), and +0 would turn a -0 */
+    int64_t lo[TL / 4], hi[TL / 4], lo_max = 0;
     for (int l0 = 0; l0 < t->nq; l0 += 4) {
-        const int32_t *len4 = t->len + l0;  /* (lanes past nq have length 0 and sum into nothing kept) */
-        int64_t lo = INT64_MAX, hi = 0;
-        for (int l = 0; l < 4 && l0 + l < t->nq; l++) lo = len4[l] < lo ? len4[l] : lo, hi = len4[l] > hi ? len4[l] : hi;
-#define VROW(j) (v_cache + (int64_t)table[(j) / block_size] * block + (j) % block_size * row + kvh * D + d)
-        int64_t d = 0;
-        for (; d + 4 * TL <= D; d += 4 * TL) {
-            vt o[4][4];
-            for (int l = 0; l < 4; l++) o[l][0] = o[l][1] = o[l][2] = o[l][3] = zero;
-            for (int64_t b = 0; b * block_size < lo; b++) {
-                const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
-                int64_t j0 = b * block_size, rows = lo - j0 < block_size ? lo - j0 : block_size;
-                for (int64_t r = 0; r < rows; r++) {
-                    const float *v = vb + r * row, *wr = s + (j0 + r) * TL + l0;
-                    vt v0 = LOADT(v), v1 = LOADT(v + TL), v2 = LOADT(v + 2 * TL), v3 = LOADT(v + 3 * TL);
-                    for (int l = 0; l < 4; l++) {
-                        vt wl = SPLATT(wr[l]);
-                        o[l][0] = FMAT(wl, v0, o[l][0]), o[l][1] = FMAT(wl, v1, o[l][1]), o[l][2] = FMAT(wl, v2, o[l][2]), o[l][3] = FMAT(wl, v3, o[l][3]);
-                    }
-                }
-            }
-            for (int64_t j = lo; j < hi; j++) {
-                const float *v = VROW(j);
-                for (int l = 0; l < 4; l++)
-                    if (j < len4[l])
-                        for (int k = 0; k < 4; k++) o[l][k] = FMAT(SPLATT(s[j * TL + l0 + l]), LOADT(v + k * TL), o[l][k]);
-            }
-            for (int l = 0; l < 4 && l0 + l < t->nq; l++) {
-                vt tot = SPLATT(total[l0 + l]);
-                for (int k = 0; k < 4; k++) STORET(t->out[l0 + l] + d + k * TL, o[l][k] / tot);
-            }
+        int64_t a = INT64_MAX, z = 0;
+        for (int l = l0; l < l0 + 4 && l < t->nq; l++) a = t->len[l] < a ? t->len[l] : a, z = t->len[l] > z ? t->len[l] : z;
+        lo[l0 / 4] = a, hi[l0 / 4] = z, lo_max = a > lo_max ? a : lo_max;
+    }
+    for (int l = 0; l < t->nq; l++) memset(t->out[l], 0, (size_t)D * sizeof(float));
+    for (int64_t b = 0; b * block_size < lo_max; b++) {
+        const float *vb = v_cache + (int64_t)table[b] * block + kvh * D;
+        int64_t j0 = b * block_size;
+        for (int l0 = 0; l0 < t->nq; l0 += 4) {
+            int64_t rows = lo[l0 / 4] - j0 < block_size ? lo[l0 / 4] - j0 : block_size;
+            int n4 = t->nq - l0 < 4 ? t->nq - l0 : 4;
+            if (rows <= 0) continue;
+            int64_t d = 0;
+            for (; d + NV * TL <= D; d += NV * TL) value_rows(vb + d, row, rows, s + j0 * TL + l0, t->out + l0, n4, d, NV);
+            for (; d < D; d += TL) value_rows(vb + d, row, rows, s + j0 * TL + l0, t->out + l0, n4, d, 1);
         }
-        for (; d < D; d += TL) {  /* a head size that isn't a multiple of 4 TL: the rest a vector at a time */
-            vt o[4] = {zero, zero, zero, zero};
-            for (int64_t b = 0; b * block_size < lo; b++) {
-                const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
-                int64_t j0 = b * block_size, rows = lo - j0 < block_size ? lo - j0 : block_size;
-                for (int64_t r = 0; r < rows; r++) {
-                    vt v0 = LOADT(vb + r * row);
-                    for (int l = 0; l < 4; l++) o[l] = FMAT(SPLATT(s[(j0 + r) * TL + l0 + l]), v0, o[l]);
+    }
+    for (int l0 = 0; l0 < t->nq; l0 += 4)  /* the keys past the group's shortest, lane by lane */
+        for (int64_t j = lo[l0 / 4]; j < hi[l0 / 4]; j++) {
+            const float *v = v_cache + (int64_t)table[j / block_size] * block + j % block_size * row + kvh * D;
+            for (int l = l0; l < l0 + 4 && l < t->nq; l++)
+                if (j < t->len[l]) {
+                    vt w = SPLATT(s[j * TL + l]);
+                    for (int64_t d = 0; d < D; d += TL) STORET(t->out[l] + d, FMAT(w, LOADT(v + d), LOADT(t->out[l] + d)));
                 }
-            }
-            for (int64_t j = lo; j < hi; j++)
-                for (int l = 0; l < 4; l++)
-                    if (j < len4[l]) o[l] = FMAT(SPLATT(s[j * TL + l0 + l]), LOADT(VROW(j)), o[l]);
-            for (int l = 0; l < 4 && l0 + l < t->nq; l++) STORET(t->out[l0 + l] + d, o[l] / SPLATT(total[l0 + l]));
         }
-#undef VROW
+    for (int l = 0; l < t->nq; l++) {
+        vt tot = SPLATT(total[l]);
+        for (int64_t d = 0; d < D; d += TL) STORET(t->out[l] + d, LOADT(t->out[l] + d) / tot);
     }
 }
 

@@ -51,6 +51,17 @@ static inline float fma1(float a, float b, float c) { return a * b + c; }
 #define INFLIGHT_SHUFFLEVECTOR 0
 #define pick8(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
 #endif
+/* x, as a register the compiler must keep: an empty asm that "changes" it. GCC otherwise folds a
+ * vector it loaded once into every multiply-add that uses it, as a memory operand -- free in its cost
+ * model, but each is one more load, and a loop that is all loads and multiply-adds then waits on the
+ * loads. The value is untouched (no instruction is emitted), so no result changes. */
+#if defined(__x86_64__) || defined(__i386__)
+#define IN_REGISTER(x) __asm__("" : "+v"(x))
+#elif defined(__aarch64__)
+#define IN_REGISTER(x) __asm__("" : "+w"(x))
+#else
+#define IN_REGISTER(x) ((void)0)
+#endif
 /* the eight lanes added in one fixed order, the same for every call */
 static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
 
