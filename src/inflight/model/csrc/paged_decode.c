@@ -364,15 +364,20 @@ static inline void score4(const float *Qt, const float *k0, const float *k1, con
 }
 #undef CLASSES4
 
-/* rows value rows from v (stride row) into the running outputs of up to four lanes, elements d ..
- * d + nv TL - 1: out4[l][d..] += w[r][l] * v[r][..] for r in order, the sums in registers over the rows
- * (w: the block's weights, TL floats a row, the group's first lane at w[0]). The value vectors are
- * loaded once a row into registers (IN_REGISTER), not again as an operand of each lane's multiply-add. */
+/* ---- The tile's values: out[lane] = sum over its keys j, in order, of w[j][lane] * v[j], / its total ----
+ *
+ * Four lanes at a time (their weights broadcast from the score rows), NV vectors of the head at a time,
+ * in registers over the rows. Each lane's chain stops at its own length, as it does alone: the keys all
+ * four lanes see, block by block, then the few (under a tile's tokens) that only the longer ones see,
+ * lane by lane -- a weight of zero times a value is not always zero (an inf or NaN there would spread),
+ * and +0 would turn a -0. The value vectors of a row are loaded once into registers (IN_REGISTER), not
+ * again as a memory operand of each lane's multiply-add (GCC folded them into all four, 16 loads for
+ * 16 multiply-adds). */
+
+/* o[l][k] += w[r][l] * v[r][k TL ..] for rows r = 0 .. rows - 1 of v (stride row), in order; w: the
+ * block's weights, TL floats a row, the group's first lane at w[0] */
 static inline __attribute__((always_inline)) void value_rows(const float *v, int64_t row, int64_t rows, const float *w,
-                                                             float *const *out4, int n4, int64_t d, const int nv) {
-    vt o[4][NV];
-    for (int l = 0; l < 4; l++)
-        for (int k = 0; k < nv; k++) o[l][k] = l < n4 ? LOADT(out4[l] + d + k * TL) : (vt){0.f};
+                                                             vt o[4][NV], const int nv) {
     for (int64_t r = 0; r < rows; r++, v += row, w += TL) {
         vt x[NV];
         for (int k = 0; k < nv; k++) { vt y = LOADT(v + k * TL); IN_REGISTER(y); x[k] = y; }
@@ -381,8 +386,50 @@ static inline __attribute__((always_inline)) void value_rows(const float *v, int
             for (int k = 0; k < nv; k++) o[l][k] = FMAT(wl, x[k], o[l][k]);
         }
     }
-    for (int l = 0; l < n4; l++)
-        for (int k = 0; k < nv; k++) STORET(out4[l] + d + k * TL, o[l][k]);
+}
+
+/* lanes l0 .. l0 + 3, vectors d .. d + nv TL - 1: the keys past the group's shortest, lane by lane */
+static inline __attribute__((always_inline)) void value_tail(const struct tile *t, int l0, int64_t lo, int64_t hi,
+                                                             const float *s, const float *v_cache, const int32_t *table,
+                                                             int64_t kvh, int64_t row, int64_t block, int64_t block_size,
+                                                             int64_t D, int64_t d, vt o[4][NV], const int nv) {
+    for (int64_t j = lo; j < hi; j++) {
+        const float *v = v_cache + (int64_t)table[j / block_size] * block + j % block_size * row + kvh * D + d;
+        for (int l = 0; l < 4 && l0 + l < t->nq; l++)
+            if (j < t->len[l0 + l])
+                for (int k = 0; k < nv; k++) o[l][k] = FMAT(SPLATT(s[j * TL + l0 + l]), LOADT(v + k * TL), o[l][k]);
+    }
+}
+
+/* Each lane group and NV vectors of the head a pass of its own, the sums in registers over every row
+ * of the context: 16 sums with AVX-512's 32 registers (four lanes x four vectors), 8 with AVX2's 16
+ * (four lanes x two: with four vectors two sums were spilled to the stack and carried through it every
+ * row). Block by block instead, the sums kept in the output rows between blocks so that a block's rows
+ * serve every pass from L1, measured 0.9x this on the Xeon (results/README.md) and no faster on an
+ * AVX2 EPYC. */
+static void tile_values(const struct tile *t, const float *s, const float *total, const float *v_cache,
+                        const int32_t *table, int64_t kvh, int64_t row, int64_t block, int64_t block_size, int64_t D) {
+    for (int l0 = 0; l0 < t->nq; l0 += 4) {
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int l = l0; l < l0 + 4 && l < t->nq; l++) lo = t->len[l] < lo ? t->len[l] : lo, hi = t->len[l] > hi ? t->len[l] : hi;
+        for (int64_t d = 0; d < D;) {
+            const int nv = d + NV * TL <= D ? NV : 1;
+            vt o[4][NV];
+            for (int l = 0; l < 4; l++)
+                for (int k = 0; k < NV; k++) o[l][k] = (vt){0.f};
+            for (int64_t b = 0; b * block_size < lo; b++) {
+                const float *vb = v_cache + (int64_t)table[b] * block + kvh * D + d;
+                int64_t j0 = b * block_size, rows = lo - j0 < block_size ? lo - j0 : block_size;
+                if (nv == NV) value_rows(vb, row, rows, s + j0 * TL + l0, o, NV);
+                else value_rows(vb, row, rows, s + j0 * TL + l0, o, 1);
+            }
+            if (nv == NV) value_tail(t, l0, lo, hi, s, v_cache, table, kvh, row, block, block_size, D, d, o, NV);
+            else value_tail(t, l0, lo, hi, s, v_cache, table, kvh, row, block, block_size, D, d, o, 1);
+            for (int l = 0; l < 4 && l0 + l < t->nq; l++)
+                for (int k = 0; k < nv; k++) STORET(t->out[l0 + l] + d + k * TL, o[l][k] / SPLATT(total[l0 + l]));
+            d += nv * TL;
+        }
+    }
 }
 
 /* the tile's attention, keys 0..Lmax-1 of kv head kvh through `table` (every lane's own length is at
@@ -431,45 +478,7 @@ static void attend_tile(const struct tile *t, int64_t Lmax, const float *k_cache
         c[k] += e;
     }
     STORET(total, ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
-    /* values, block by block: a block's value rows come into L1 once and serve every lane and every
-     * part of the head, instead of each pass over the head streaming all the context's rows from L2.
-     * Each lane's output accumulates in its own output row (loaded and stored once per block: a few
-     * percent of the multiply-adds), and each lane's chain stops at its own length, as it does alone:
-     * the keys every lane of a group of four sees, block by block, then the few (under a tile's
-     * tokens) that only the longer ones see, lane by lane -- a weight of zero times a value is not
-     * always zero (an inf or NaN there would spread), and +0 would turn a -0 */
-    int64_t lo[TL / 4], hi[TL / 4], lo_max = 0;
-    for (int l0 = 0; l0 < t->nq; l0 += 4) {
-        int64_t a = INT64_MAX, z = 0;
-        for (int l = l0; l < l0 + 4 && l < t->nq; l++) a = t->len[l] < a ? t->len[l] : a, z = t->len[l] > z ? t->len[l] : z;
-        lo[l0 / 4] = a, hi[l0 / 4] = z, lo_max = a > lo_max ? a : lo_max;
-    }
-    for (int l = 0; l < t->nq; l++) memset(t->out[l], 0, (size_t)D * sizeof(float));
-    for (int64_t b = 0; b * block_size < lo_max; b++) {
-        const float *vb = v_cache + (int64_t)table[b] * block + kvh * D;
-        int64_t j0 = b * block_size;
-        for (int l0 = 0; l0 < t->nq; l0 += 4) {
-            int64_t rows = lo[l0 / 4] - j0 < block_size ? lo[l0 / 4] - j0 : block_size;
-            int n4 = t->nq - l0 < 4 ? t->nq - l0 : 4;
-            if (rows <= 0) continue;
-            int64_t d = 0;
-            for (; d + NV * TL <= D; d += NV * TL) value_rows(vb + d, row, rows, s + j0 * TL + l0, t->out + l0, n4, d, NV);
-            for (; d < D; d += TL) value_rows(vb + d, row, rows, s + j0 * TL + l0, t->out + l0, n4, d, 1);
-        }
-    }
-    for (int l0 = 0; l0 < t->nq; l0 += 4)  /* the keys past the group's shortest, lane by lane */
-        for (int64_t j = lo[l0 / 4]; j < hi[l0 / 4]; j++) {
-            const float *v = v_cache + (int64_t)table[j / block_size] * block + j % block_size * row + kvh * D;
-            for (int l = l0; l < l0 + 4 && l < t->nq; l++)
-                if (j < t->len[l]) {
-                    vt w = SPLATT(s[j * TL + l]);
-                    for (int64_t d = 0; d < D; d += TL) STORET(t->out[l] + d, FMAT(w, LOADT(v + d), LOADT(t->out[l] + d)));
-                }
-        }
-    for (int l = 0; l < t->nq; l++) {
-        vt tot = SPLATT(total[l]);
-        for (int64_t d = 0; d < D; d += TL) STORET(t->out[l] + d, LOADT(t->out[l] + d) / tot);
-    }
+    tile_values(t, s, total, v_cache, table, kvh, row, block, block_size, D);
 }
 
 struct decode_args {
