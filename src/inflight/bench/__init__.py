@@ -11,7 +11,8 @@ The folder shows what each measures:
 - `serve/` — the server: `python -m inflight.bench.serve` (a load generator for any
   OpenAI-compatible server, a pure HTTP client) and the benchmarks built on it (`cost`, `compare`,
   `chaos`);
-- `kernels/` — one operation at a time (`attention`, `triton_decode`, `cpu`, `decode_step`);
+- `kernels/` — one operation at a time (`attention`, `triton_decode`, `cpu`, `prompt_attention`,
+  `decode_step`);
 - `profiling` — the instruments all of them share (timers, the machine's roofs, profiler tables).
 
 `from inflight import bench` gives the names a chapter uses (`bench.run_benchmark`,
