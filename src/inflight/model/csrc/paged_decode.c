@@ -371,8 +371,8 @@ static inline void score4(const float *Qt, const float *k0, const float *k1, con
  * four lanes see, block by block, then the few (under a tile's tokens) that only the longer ones see,
  * lane by lane -- a weight of zero times a value is not always zero (an inf or NaN there would spread),
  * and +0 would turn a -0. The value vectors of a row are loaded once into registers (IN_REGISTER), not
- * again as a memory operand of each lane's multiply-add (GCC folded them into all four, 16 loads for
- * 16 multiply-adds). */
+ * again as a memory operand of each lane's multiply-add (GCC folded them into all four: with four
+ * vectors a pass, 16 loads for 16 multiply-adds). */
 
 /* o[l][k] += w[r][l] * v[r][k TL ..] for rows r = 0 .. rows - 1 of v (stride row), in order; w: the
  * block's weights, TL floats a row, the group's first lane at w[0] */
@@ -388,7 +388,7 @@ static inline __attribute__((always_inline)) void value_rows(const float *v, int
     }
 }
 
-/* lanes l0 .. l0 + 3, vectors d .. d + nv TL - 1: the keys past the group's shortest, lane by lane */
+/* lanes l0 .. l0 + 3, head elements d .. d + nv TL - 1: the keys past the group's shortest, lane by lane */
 static inline __attribute__((always_inline)) void value_tail(const struct tile *t, int l0, int64_t lo, int64_t hi,
                                                              const float *s, const float *v_cache, const int32_t *table,
                                                              int64_t kvh, int64_t row, int64_t block, int64_t block_size,

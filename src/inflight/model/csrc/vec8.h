@@ -53,9 +53,11 @@ static inline float fma1(float a, float b, float c) { return a * b + c; }
 #endif
 /* x, as a register the compiler must keep: an empty asm that "changes" it. GCC otherwise folds a
  * vector it loaded once into every multiply-add that uses it, as a memory operand -- free in its cost
- * model, but each is one more load, and a loop of loads and multiply-adds then waits on the loads
- * (x86 only: its multiply-adds take a memory operand; elsewhere, and for a vector wider than one
- * register, nothing to do). The value is untouched and no instruction is emitted: no result changes. */
+ * model, but each is one more load, and a loop of loads and multiply-adds then waits on the loads.
+ * Only on x86-64 with AVX, where a v8 is one ymm register (a v16, built only with AVX-512, one zmm):
+ * without AVX a v8 is two xmm registers and "+v" is an impossible constraint (a build error), and
+ * elsewhere there is no memory operand to fold into, so it is a no-op. The value is untouched and no
+ * instruction is emitted: no result changes. */
 #if defined(__x86_64__) && defined(__AVX__)
 #define IN_REGISTER(x) __asm__("" : "+v"(x))
 #else
