@@ -39,7 +39,7 @@ from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
 from inflight.model.kv_cache import KVCache
 
-__all__ = ["attention_step_ms", "linear_step_ms", "end_to_end", "run", "main"]
+__all__ = ["scattered_cache", "attention_step_ms", "linear_step_ms", "end_to_end", "run", "main"]
 
 IMPLS = ("torch", "c")  # the attention implementations
 ENGINE_IMPLS = ("torch", "c", "fused")
@@ -66,18 +66,26 @@ def _implementation(model: Any, name: str):
         model.attention_backend = saved
 
 
+def scattered_cache(cfg: Any, contexts: Sequence[int], block_size: int, rng: random.Random,
+                    gen: torch.Generator | None = None):
+    """A cache twice the size `contexts` need, filled with random keys and values (from `gen`), and
+    each context's block table drawn from it in shuffled order (what a busy paged engine holds)."""
+    num_blocks = sum(blocks_needed(c, block_size) for c in contexts) * 2
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(blocks_needed(c, block_size))] for c in contexts]
+    kv = KVCache.for_model(cfg, num_blocks, block_size)
+    for k, v in zip(kv.k_cache, kv.v_cache):
+        k.normal_(generator=gen), v.normal_(generator=gen)
+    return kv, tables
+
+
 def _decode_step(model: Any, batch: int, block_size: int, seed: int):
     """One layer's worth of inputs for a decode step: q, a filled cache, metadata over scattered blocks."""
     rng = random.Random(seed)
     cfg = model.config
     ctx = [rng.randint(16, 128) + min(int(rng.expovariate(1 / 48)), 256) // 2 + 1 for _ in range(batch)]
-    num_blocks = sum(blocks_needed(c, block_size) for c in ctx) * 2
-    free = list(range(num_blocks))
-    rng.shuffle(free)
-    tables = [[free.pop() for _ in range(blocks_needed(c, block_size))] for c in ctx]
-    kv = KVCache.for_model(cfg, num_blocks, block_size)
-    for k, v in zip(kv.k_cache, kv.v_cache):
-        k.normal_(), v.normal_()
+    kv, tables = scattered_cache(cfg, ctx, block_size, rng)
     q = torch.randn(batch, cfg.num_attention_heads, cfg.head_dim)
     return q, kv, AttentionMetadata.build([1] * batch, ctx, tables, block_size)
 

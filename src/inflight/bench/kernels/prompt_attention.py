@@ -28,12 +28,11 @@ from typing import Any, Sequence
 
 import torch
 
+from inflight.bench.kernels.cpu import scattered_cache
 from inflight.bench.offline.report import print_and_save
-from inflight.blocks import blocks_needed
 from inflight.model import c_build, cpu_attention, skinny_gemm
 from inflight.model.attention import AttentionBackend
 from inflight.model.attention_metadata import AttentionMetadata
-from inflight.model.kv_cache import KVCache
 
 __all__ = ["CHUNKS", "chunk_inputs", "measure", "run", "main"]
 
@@ -44,15 +43,8 @@ CHUNKS = {"1 x 512": [512], "1 x 256": [256], "6 x 150": [150] * 6, "4 x 100": [
 def chunk_inputs(cfg: Any, prompts: Sequence[int], block_size: int = 16, seed: int = 0):
     """q, a filled cache and the metadata of one prefill step over `prompts` (each whole, from position
     0), their blocks scattered through a cache twice the size they need."""
-    rng = random.Random(seed)
-    num_blocks = 2 * sum(blocks_needed(p, block_size) for p in prompts)
-    free = list(range(num_blocks))
-    rng.shuffle(free)
-    tables = [[free.pop() for _ in range(blocks_needed(p, block_size))] for p in prompts]
-    kv = KVCache.for_model(cfg, num_blocks, block_size)
     gen = torch.Generator().manual_seed(seed)
-    for k, v in zip(kv.k_cache, kv.v_cache):
-        k.normal_(generator=gen), v.normal_(generator=gen)
+    kv, tables = scattered_cache(cfg, prompts, block_size, random.Random(seed), gen)
     meta = AttentionMetadata.build(list(prompts), list(prompts), tables, block_size)
     q = torch.randn(sum(prompts), cfg.num_attention_heads, cfg.head_dim, generator=gen)
     return q, kv, meta
