@@ -17,6 +17,7 @@
 - `outputs`       `RequestOutput` (with a `CompletionOutput` per sample), `StepStats`, the run's totals
 - `output_processor` a step's sequences into `RequestOutput`s: text, stop strings, snapshots
 - `invariants`    the debug checks that the books balance
+- `gc_heap`       the startup heap frozen, out of the garbage collector's full passes
 - `kv_transfer`   prefill/decode disaggregation: a request's KV out of one engine and into another
 - `executor`      tensor parallelism, the driver: `MultiprocExecutor` starts N workers and sends each step
 - `worker`        tensor parallelism, one worker process: its shard, the KV of its heads, its loop

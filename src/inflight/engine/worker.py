@@ -146,7 +146,10 @@ class Worker:
     def _on_init_cache(self, num_blocks: int, block_size: int):
         from inflight.model.kv_cache import KVCache
 
+        from inflight.engine.gc_heap import freeze_gc_heap
+
         self.kv_cache = KVCache.for_model(self.model.config, num_blocks, block_size, self.model.dtype, self.device)
+        freeze_gc_heap()  # the shard and its cache are here to stay: out of the collector's full passes (`gc_heap`)
         return ("cache", self.kv_cache.nbytes, self.kv_cache.bytes_per_block)
 
     def _on_init_swap(self, num_cpu_blocks: int):
