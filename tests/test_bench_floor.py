@@ -32,6 +32,28 @@ def test_linear_seconds_interpolates_between_measured_rows(model, monkeypatch):
     assert fl.linear_seconds(model, []) == (0.0, {})
 
 
+def test_the_lm_head_is_charged_at_the_sampled_rows_not_at_every_token(model, monkeypatch):
+    """An engine runs the LM head on the rows it samples from (one per sequence at most): with each
+    step's sequences recorded, the head is timed at those rows and the other layers at the tokens."""
+    seen = []
+
+    def fake(m, rows, repeats=5, min_seconds=0.0, layers=None):
+        head = layers is not None and any(x is m.lm_head for x in layers)
+        assert layers is not None and (head == (len(layers) == 1))  # the head alone, or everything else
+        seen.append(("head" if head else "body", rows))
+        return (1e-5 if head else 1e-4) * rows
+
+    monkeypatch.setattr(fl, "measure_linear_layers", fake)
+    total, grid = fl.linear_seconds(model, [100, 100, 3], points=2, head_rows=[2, 4, 3])
+    assert total == pytest.approx(1e-4 * 203 + 1e-5 * 9)
+    assert sorted(grid) == [3, 100] and {r for k, r in seen if k == "head"} == {2, 4}
+    run = {"wall_s": 1.0, "useful_tokens": 9,
+           "work_per_step": {"tokens": [100, 100, 3], "kv_tokens": [0] * 3, "sequences": [2, 4, 3]}}
+    assert fl.time_floor(model, run, 1e6, 1000)["linear_layers_s"] == pytest.approx(total)
+    with pytest.raises(ValueError, match="head_rows"):
+        fl.linear_seconds(model, [1, 2], head_rows=[1])
+
+
 def test_linear_seconds_measures_the_real_layers(model):
     total, grid = fl.linear_seconds(model, [1, 2, 4], points=2, min_seconds=0.001)
     assert set(grid) == {1, 4} and total > 0

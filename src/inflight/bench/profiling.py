@@ -14,7 +14,7 @@ import pstats
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -181,14 +181,15 @@ def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype 
     return 2 * n**3 / t
 
 
-def measure_linear_layers(model: torch.nn.Module, batch: int, repeats: int = 10, min_seconds: float = 0.2) -> float:
+def measure_linear_layers(model: torch.nn.Module, batch: int, repeats: int = 10, min_seconds: float = 0.2,
+                          layers: Sequence[torch.nn.Linear] | None = None) -> float:
     """Seconds one step of `batch` tokens spends in the model's own linear layers alone (every
-    `nn.Linear`, at its real shape, one after another): the step time if attention, norms and every
-    other operator were free. Small layers multiply far below the n×n roof, so this — not
+    `nn.Linear`, at its real shape, one after another; or only `layers`): the step time if attention,
+    norms and every other operator were free. Small layers multiply far below the n×n roof, so this — not
     `measure_matmul_flops` — is the ceiling a model this shape can reach at this batch. Where the
     skinny-GEMM kernel takes this many rows, both it and torch are timed and the faster counts, so
     the figure stays a floor whichever one the caches favour."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = list(layers) if layers is not None else [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if not linears or batch < 1:
         raise ValueError(f"need a model with linear layers and batch >= 1 (got {len(linears)} layers, batch {batch})")
     p = next(model.parameters())

@@ -18,14 +18,25 @@ in its API server (`vllm/utils/gc_utils.py`, `freeze_gc_heap`).
 """
 from __future__ import annotations
 
+import atexit
 import gc
 
 __all__ = ["freeze_gc_heap"]
 
+_unfreeze_at_exit = False
 
-def freeze_gc_heap() -> int:
-    """Collect every generation, then freeze what is left; returns how many objects are frozen now
-    (all freezes so far). Cheap after the first: collections skip what earlier freezes froze."""
+
+def freeze_gc_heap() -> None:
+    """Collect every generation, then freeze what is left. Cheap after the first: collections skip
+    what earlier freezes froze, and the freeze itself splices one list onto another. (How many are
+    frozen, `gc.get_freeze_count()`, walks that list: 10 ms for the startup heap, so not here.)
+
+    At exit the heap is unfrozen again: the interpreter's last collection skips frozen objects, and
+    extension modules that count their objects at shutdown (triton's nanobind bindings) would report
+    the cycles it left as leaks."""
+    global _unfreeze_at_exit
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    if not _unfreeze_at_exit:
+        atexit.register(gc.unfreeze)
+        _unfreeze_at_exit = True

@@ -107,8 +107,10 @@ def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -
         "engine_stats": rec.engine_stats, "notes": rec.notes,
         "batch_over_time": _thin({"t": rec.step_time, "batch": rec.step_batch}),
         # what each step computed (engine modes): tokens fed to the model, KV tokens the running requests
-        # held (recorded on steps that returned tokens); `bench.protocol.floor` turns them into lower bounds
-        "work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens} if rec.step_tokens else None,
+        # held (recorded on steps that returned tokens), the sequences in each step (the most rows its LM head
+        # ran on); `bench.protocol.floor` turns them into lower bounds
+        "work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens,
+                          "sequences": [s.batch_size for s in rec.step_stats]} if rec.step_tokens else None,
         **_engine_shares(rec.engine_stats),
     }
     if mismatch is not None:  # refuse to report a speed for outputs that differ

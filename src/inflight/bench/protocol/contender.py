@@ -15,6 +15,7 @@ each setting in its own process.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -51,7 +52,8 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
     # every contender's timed run starts with its startup heap frozen, out of the garbage collector's full
     # passes: the engine does this itself when it is built (`inflight.engine.gc_heap`, as vLLM's engine
     # core does); a peer gets it here, so that no one's run pays a pass over the imports that the other's skips
-    frozen = freeze_gc_heap()
+    freeze_gc_heap()
+    frozen = gc.get_freeze_count()
     with LoadWatch(sample_seconds=0.1) as watch:
         rec = run_mode(mode, setup, lt)
     out = {"mode": mode, "value": lt.useful_tokens / rec.wall, "unit": "tokens/s", "wall_s": rec.wall,
@@ -117,7 +119,8 @@ def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
 
     if not rec.step_tokens:
         raise ValueError(f"mode {rec.mode!r} records no per-step work: the floor is for engine modes")
-    run = {"work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens}, "wall_s": rec.wall,
+    run = {"work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens,
+                             "sequences": [s.batch_size for s in rec.step_stats]}, "wall_s": rec.wall,
            "useful_tokens": workload.useful_tokens}
     fl = time_floor(model, run, measure_memory_bandwidth(model.device), kv_bytes_per_token(model),
                     prompt_lens=[len(r.prompt) for r in workload.requests],

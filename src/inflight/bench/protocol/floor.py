@@ -3,7 +3,10 @@
 Two parts of every forward pass have a floor this machine can measure:
 
 - the **linear layers**: each step's tokens through every `nn.Linear` of the model, timed alone at
-  that many rows (`profiling.measure_linear_layers`, on a grid of row counts, interpolated);
+  that many rows (`profiling.measure_linear_layers`, on a grid of row counts, interpolated) -- but
+  the LM head at one row per sequence in the step, where the run recorded them: the engine computes
+  logits only for the rows it samples from, and a floor that charged the head for every prompt token
+  would sit above the engine's own time;
 - the **KV cache**: each step reads the keys and values of the requests it carries, at best as
   fast as memory copies (`profiling.measure_memory_bandwidth`);
 - the **prefill attention's arithmetic**: every prompt token's query against every key before it
@@ -22,7 +25,7 @@ show against that peer on this machine. A target above that bound is out of reac
 from __future__ import annotations
 
 import bisect
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -44,15 +47,36 @@ def row_grid(rows: Sequence[int], points: int = 8) -> list[int]:
 
 
 def linear_seconds(model: torch.nn.Module, step_rows: Sequence[int], points: int = 8,
-                   min_seconds: float = 0.05) -> tuple[float, dict[int, float]]:
+                   min_seconds: float = 0.05, head_rows: Sequence[int] | None = None) -> tuple[float, dict[int, float]]:
     """Seconds the model's linear layers alone need for a run whose forward passes carried
     `step_rows` tokens each: each step's time interpolated (piecewise linearly in rows) between the
-    measured grid points. Returns the total and the measured {rows: seconds} grid."""
+    measured grid points. Returns the total and the measured {rows: seconds} grid.
+
+    With `head_rows` (one count per step, beside `step_rows`), the LM head is timed apart at those
+    rows: an engine runs it only on the rows it samples from, one per sequence at most (a prompt
+    chunk that does not end its prompt samples nothing), not on every token of a prefill chunk. The
+    grid returned is then the other layers'; the head's own total is in the first figure."""
+    lm_head = getattr(model, "lm_head", None)
+    if head_rows is None or not isinstance(lm_head, torch.nn.Linear):
+        return _interpolated(lambda r: measure_linear_layers(model, r, repeats=5, min_seconds=min_seconds),
+                             step_rows, points)
+    if len(head_rows) != len(step_rows):
+        raise ValueError(f"head_rows has {len(head_rows)} steps, step_rows {len(step_rows)}")
+    body = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not lm_head]
+    total, grid = _interpolated(lambda r: measure_linear_layers(model, r, repeats=5, min_seconds=min_seconds,
+                                                                layers=body), step_rows, points)
+    head, _ = _interpolated(lambda r: measure_linear_layers(model, r, repeats=5, min_seconds=min_seconds,
+                                                            layers=[lm_head]), head_rows, points)
+    return total + head, grid
+
+
+def _interpolated(measure: Callable[[int], float], step_rows: Sequence[int], points: int
+                  ) -> tuple[float, dict[int, float]]:
     rows = [int(r) for r in step_rows if r > 0]
     if not rows:
         return 0.0, {}
     grid = row_grid(rows, points)
-    measured = {r: measure_linear_layers(model, r, repeats=5, min_seconds=min_seconds) for r in grid}
+    measured = {r: measure(r) for r in grid}
     xs = sorted(measured)
     total = 0.0
     for r in rows:
@@ -84,7 +108,8 @@ def time_floor(model: torch.nn.Module, run: dict[str, Any], bandwidth: float, kv
     wall = run.get("wall_s")
     if not tokens or not wall:
         raise ValueError("the run has no per-step work recorded (only engine modes record it)")
-    lin_s, grid = linear_seconds(model, tokens, points, min_seconds)
+    # (`sequences`, where recorded: each step's sequences, the most rows its LM head can have run on)
+    lin_s, grid = linear_seconds(model, tokens, points, min_seconds, head_rows=work.get("sequences"))
     kv_bytes = sum(kv_tokens) * kv_bytes_per_token
     kv_s = kv_bytes / bandwidth
     flops = prefill_attention_flops(model.config, prompt_lens) if prompt_lens else 0.0
