@@ -47,3 +47,18 @@ def test_a_dropped_engine_frees_itself_without_the_collector(model):
         assert [r() for r in refs] == [None] * len(refs)
     finally:
         gc.enable()
+
+
+def test_the_freeze_can_be_turned_off_and_the_bench_counts_the_passes(monkeypatch):
+    from inflight.bench.profiling import GcPauses
+
+    gc.unfreeze()
+    monkeypatch.setenv("INFLIGHT_GC_FREEZE", "0")
+    freeze_gc_heap()
+    assert gc.get_freeze_count() == 0
+    with GcPauses() as p:
+        gc.collect(0)
+        gc.collect()
+    assert p.passes == 2 and p.full_passes == 1 and p.seconds >= p.full_seconds > 0
+    assert p.as_dict()["full_passes"] == 1
+    assert p._callback not in gc.callbacks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -146,6 +147,39 @@ class PeakMemory:
             assert self._thread is not None
             self._thread.join()
             self.peak_bytes = max(self._peak, rss_bytes()) - self.start_bytes
+
+
+class GcPauses:
+    """The garbage collector's passes while the block runs: how many, and the seconds they stopped
+    the process for, in all and for the full ones (the oldest generation, which walk every object the
+    collector tracks; `inflight.engine.gc_heap`)."""
+
+    def __init__(self):
+        self.passes = self.full_passes = 0
+        self.seconds = self.full_seconds = 0.0
+        self._t0: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            dt, self._t0 = time.perf_counter() - self._t0, None
+            self.passes += 1
+            self.seconds += dt
+            if info.get("generation") == 2:
+                self.full_passes += 1
+                self.full_seconds += dt
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"passes": self.passes, "seconds": self.seconds, "full_passes": self.full_passes,
+                "full_seconds": self.full_seconds}
 
 
 def _best_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_seconds: float) -> float:

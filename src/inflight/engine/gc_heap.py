@@ -15,13 +15,19 @@ garbage alive at the moment of the freeze would never be reclaimed. What it cost
 now that later becomes part of unreachable *cycle* stays in memory (freed by reference counting it
 still is, as the engine itself is). vLLM does the same at the end of its engine core's startup and
 in its API server (`vllm/utils/gc_utils.py`, `freeze_gc_heap`).
+
+`INFLIGHT_GC_FREEZE=0` leaves the heap as it is (to measure what the freeze is worth:
+`python -m inflight.bench.protocol.contender` records the collector's passes inside its timed run).
 """
 from __future__ import annotations
 
 import atexit
 import gc
+import os
 
-__all__ = ["freeze_gc_heap"]
+__all__ = ["freeze_gc_heap", "OFF_VAR"]
+
+OFF_VAR = "INFLIGHT_GC_FREEZE"
 
 _unfreeze_at_exit = False
 
@@ -35,6 +41,8 @@ def freeze_gc_heap() -> None:
     extension modules that count their objects at shutdown (triton's nanobind bindings) would report
     the cycles it left as leaks."""
     global _unfreeze_at_exit
+    if os.environ.get(OFF_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
+        return
     gc.collect()
     gc.freeze()
     if not _unfreeze_at_exit:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from inflight.bench.profiling import ForwardTimer, PeakMemory, sync
+from inflight.bench.profiling import ForwardTimer, GcPauses, PeakMemory, sync
 from inflight.bench.offline.prompts import BenchRequest
 
 __all__ = ["RunRecord", "Arrivals", "timed_run", "kv_bytes_per_token"]
@@ -38,6 +38,7 @@ class RunRecord:
     kv_allocated_bytes: int | None = None
     kv_bytes_per_token: int | None = None
     peak_memory_bytes: int | None = None
+    gc_pauses: dict[str, float] | None = None  # the garbage collector's passes inside the timed run (`GcPauses`)
     engine_stats: dict[str, Any] = field(default_factory=dict)
     step_stats: list[Any] = field(default_factory=list)  # the engine's own record of every step (engine modes)
     notes: list[str] = field(default_factory=list)
@@ -95,7 +96,7 @@ def timed_run(rec: RunRecord, model: Any, requests: Sequence[BenchRequest]) -> I
     """Start the clock, the forward-pass timer and the peak-memory sampler; yield the arrivals.
     On exit (after the device has finished its queued work) `rec` gets the wall and idle time and
     what the instruments saw."""
-    with ForwardTimer(model) as ft, PeakMemory(model.device) as pm:
+    with ForwardTimer(model) as ft, PeakMemory(model.device) as pm, GcPauses() as gp:
         arrivals = Arrivals(requests, time.perf_counter())
         yield arrivals
         sync(model.device)
@@ -103,6 +104,7 @@ def timed_run(rec: RunRecord, model: Any, requests: Sequence[BenchRequest]) -> I
         rec.idle = arrivals.idle
     rec.forward_seconds, rec.forward_calls, rec.forward_tokens = ft.seconds, ft.calls, ft.tokens
     rec.peak_memory_bytes = pm.peak_bytes
+    rec.gc_pauses = gp.as_dict()
 
 
 def kv_bytes_per_token(model: Any) -> int:

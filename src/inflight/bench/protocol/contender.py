@@ -64,7 +64,7 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
            "torch_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
            "passive_wait": passive_wait_in_effect(), "idle_wait": openmp_idle_wait(),
            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "kernels": _kernels(), "load": watch.as_dict(),
-           "gc_frozen_objects": frozen}
+           "gc_frozen_objects": frozen, "gc_pauses": rec.gc_pauses}
     # the benchmark's per-mode summary (latencies, forward calls, time outside the forward pass, ...)
     out["summary"] = {k: v for k, v in summarize(rec, lt, None).items() if k not in ("work_per_step", "batch_over_time")}
     if floor:
