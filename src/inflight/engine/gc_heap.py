@@ -10,11 +10,19 @@ With the tiny model, one fell inside the timed run of two of the prefill-heavy c
 `python -m inflight.bench.protocol.matrix` (95 ms of a 1.2 s run, 53 ms of a 0.3 s one).
 
 `gc.freeze()` moves everything alive into a permanent generation that no pass walks; objects made
-afterwards are tracked and collected as before. Collecting first is what keeps it from leaking:
-garbage alive at the moment of the freeze would never be reclaimed. What it costs: an object alive
-now that later becomes part of unreachable *cycle* stays in memory (freed by reference counting it
-still is, as the engine itself is). vLLM does the same at the end of its engine core's startup and
-in its API server (`vllm/utils/gc_utils.py`, `freeze_gc_heap`).
+afterwards are tracked and collected as before. Collecting first keeps it from freezing garbage that
+already exists. What it costs: an object alive at the freeze that later becomes unreachable only
+through a reference *cycle* stays in memory for good (one freed by reference counting is still freed,
+as an engine is: it has no cycles through itself). That is why only a process the package owns
+freezes, once what it serves with is built -- as vLLM does in its engine core's process and its API
+server (`vllm/utils/gc_utils.py`, `freeze_gc_heap`):
+- the server (`python -m inflight.serve`), just before it starts serving;
+- a tensor-parallel worker, once its KV cache is allocated;
+- the fair protocol's contender, before its timed run, whichever system it times.
+Not `LLMEngine`'s constructor: a library call must not freeze its caller's heap. In a notebook, an
+object of the reader's alive in a cycle at that moment -- an app, a session object holding an earlier
+engine and its KV cache -- would never be collected (an independent review built both cases). A
+program that serves from one engine it built can call `freeze_gc_heap()` itself.
 
 `INFLIGHT_GC_FREEZE=0` leaves the heap as it is (to measure what the freeze is worth:
 `python -m inflight.bench.protocol.contender` records the collector's passes inside its timed run).

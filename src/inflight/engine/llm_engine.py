@@ -27,7 +27,6 @@ from inflight.engine.kv_transfer import admit_prefilled, check_payload, drop_arr
 from inflight.engine.liveness import EngineStalledError, check_progress
 from inflight.engine.cuda_graphs import DecodeGraphRunner, wants_cuda_graphs
 from inflight.engine.executor import ParallelModelRunner, TensorParallelEngine, parallel_executor
-from inflight.engine.gc_heap import freeze_gc_heap
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.model_runner import ModelRunner, StepTimes, default_num_blocks
 from inflight.engine.logprobs import StepLogprobs
@@ -127,7 +126,6 @@ class LLMEngine(TensorParallelEngine):
         self._undelivered: list[RequestOutput] = []   # final outputs of requests that ended inside generate()
         self.kv_connector, self._arrived = kv_connector, deque()  # disaggregation: KV out; (request, payload)s in
         self._next_id = self._next_seq_no = self._step_no = 0  # the next automatic id, submission order, steps
-        freeze_gc_heap()  # the model, the pool, the imports: here to stay, out of the collector's full passes
 
     @property
     def num_blocks(self) -> int:

@@ -122,6 +122,7 @@ def run_server(args: argparse.Namespace) -> int:
     from inflight.serve.metrics import ServerMetrics
     from inflight.threads import configure_threads
     from inflight.engine.executor import WorkerError
+    from inflight.engine.gc_heap import freeze_gc_heap
 
     try:  # a model that cannot load, an engine setting it refuses, an address that cannot be bound: one line
         threads = configure_threads(args.threads).threads  # (the engine loop's thread takes the same count)
@@ -151,6 +152,9 @@ def run_server(args: argparse.Namespace) -> int:
     _log_to_stderr(args.log_level)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, http=json_400_protocol())
     server = _server(config, aengine, engine)
+    # this process is the server's own: what it built to serve is here to stay, out of the garbage
+    # collector's full passes (`inflight.engine.gc_heap`; vLLM's API server does the same at startup)
+    freeze_gc_heap()
     try:
         server.run(sockets=[sock])
     finally:  # (tensor parallelism: the worker processes end with the server)

@@ -49,13 +49,13 @@ def measure(mode: str, n: int, seed: int = 0, batch_size: int = 64, floor: bool 
     warm = _plan(BenchConfig(n=4, seed=seed + 1, batch_size=batch_size, **shape), model.config.vocab_size,
                  setup.max_len, with_sequential=False)[0]
     run_mode(mode, setup, warm)  # first-call costs (allocator, operator caches, the C build) out of the clock
-    # every contender's timed run starts with its startup heap frozen, out of the garbage collector's full
-    # passes: the engine does this itself when it is built (`inflight.engine.gc_heap`, as vLLM's engine
-    # core does); a peer gets it here, so that no one's run pays a pass over the imports that the other's skips
+    # this process is the protocol's own: every mode's timed run starts with its heap frozen, out of the
+    # garbage collector's full passes (`inflight.engine.gc_heap`, as a server's is once it is up), so
+    # that no one's run pays a walk over the imports and the model that another's skips
     freeze_gc_heap()
-    frozen = gc.get_freeze_count()
     with LoadWatch(sample_seconds=0.1) as watch:
         rec = run_mode(mode, setup, lt)
+    frozen = gc.get_freeze_count()  # (it walks the frozen objects: counted after the clock)
     out = {"mode": mode, "value": lt.useful_tokens / rec.wall, "unit": "tokens/s", "wall_s": rec.wall,
            "useful_tokens": lt.useful_tokens, "requests": n, "tokens": rec.tokens,
            "work_bound_ideal": ideal_speedup(lt, batch_size)["work_bound_speedup"],
