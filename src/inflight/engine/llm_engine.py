@@ -47,14 +47,16 @@ __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "StepStats", "EngineS
 class LLMEngine(TensorParallelEngine):
     """Continuous batching over a paged KV cache (see the module docstring).
 
-    `num_blocks=None` sizes the pool from memory (`model_runner.default_num_blocks`: on CUDA a fraction of the memory
-    free after the weights; on CPU enough for `max_batch_size` requests of 512 tokens). `watermark` is the fraction of
-    the pool admission leaves free so that running requests can grow without being preempted at once. `swap_blocks`
-    sizes the CPU pool of `preemption="swap"` (default `model_runner.default_swap_blocks`); when it is full, a victim
-    is recomputed instead. `max_batched_tokens` defaults to 512 with chunked prefill, else to the model's context.
-    `debug=True` checks the scheduler's invariants after every step. A contiguous cache is `block_size=max_model_len`,
-    `num_blocks=max_batch_size`. On CUDA, decode-only steps replay CUDA graphs captured per batch-size bucket when the
-    engine is built (`inflight.engine.cuda_graphs`); `enforce_eager=True` runs every step eagerly, as on a CPU.
+    `num_blocks=None` sizes the pool from memory (`model_runner.default_num_blocks`: on CUDA a
+    fraction of the memory free after the weights; on CPU enough for `max_batch_size` requests of
+    512 tokens). `watermark` is the fraction of the pool admission leaves free so that running
+    requests can grow without being preempted at once. `swap_blocks` sizes the CPU pool of
+    `preemption="swap"` (default `model_runner.default_swap_blocks`); when it is full, a victim is
+    recomputed instead. `max_batched_tokens` defaults to 512 with chunked prefill, else to the
+    model's context. `debug=True` checks the scheduler's invariants after every step. A contiguous
+    cache is `block_size=max_model_len`, `num_blocks=max_batch_size`. On CUDA, decode-only steps replay
+    CUDA graphs captured per batch-size bucket when the engine is built (`inflight.engine.cuda_graphs`);
+    `enforce_eager=True` runs every step eagerly, as on a CPU.
 
     `enable_prefix_caching=True` shares the KV blocks of common prompt prefixes between requests
     (`inflight.engine.prefix_cache`): admission takes the longest cached prefix and computes only the rest.

@@ -144,9 +144,8 @@ class Worker:
                                                  max_batch_size, max_model_len))
 
     def _on_init_cache(self, num_blocks: int, block_size: int):
-        from inflight.model.kv_cache import KVCache
-
         from inflight.engine.gc_heap import freeze_gc_heap
+        from inflight.model.kv_cache import KVCache
 
         self.kv_cache = KVCache.for_model(self.model.config, num_blocks, block_size, self.model.dtype, self.device)
         freeze_gc_heap()  # the shard and its cache are here to stay: out of the collector's full passes (`gc_heap`)

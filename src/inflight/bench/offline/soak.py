@@ -135,9 +135,7 @@ def _checkpoint(engine: LLMEngine, submitted: int, finished: int, aborted: int, 
     rss, peak = memory_mib()
     sizes = engine_sizes(engine)
     row = {"requests": submitted, "finished": finished, "aborted": aborted, "steps": step, "rss_mib": rss,
-           "peak_rss_mib": peak, "wall_s": time.perf_counter() - start,
-           # what the collector tracks beyond the startup heap the engine froze (`engine.gc_heap`): the part that could grow
-           "python_objects": len(gc.get_objects()),
+           "peak_rss_mib": peak, "python_objects": len(gc.get_objects()), "wall_s": time.perf_counter() - start,
            **sizes}
     queued = sizes["waiting"] + sizes["running"] + sizes["swapped"]
     fmt = lambda v: f"{v:.1f}" if v is not None else "n/a"  # noqa: E731
