@@ -110,7 +110,7 @@ def summarize(rec: RunRecord, workload: Workload, mismatch: str | None = None) -
         # held (recorded on steps that returned tokens), the sequences in each step (the most rows its LM head
         # ran on); `bench.protocol.floor` turns them into lower bounds
         "work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens,
-                          "sequences": [s.batch_size for s in rec.step_stats]} if rec.step_tokens else None,
+                          "sequences": rec.step_sequences} if rec.step_tokens else None,
         **_engine_shares(rec.engine_stats),
     }
     if mismatch is not None:  # refuse to report a speed for outputs that differ

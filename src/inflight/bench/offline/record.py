@@ -34,6 +34,7 @@ class RunRecord:
     step_batch: list[int] = field(default_factory=list)  # sequences in each forward pass
     step_time: list[float] = field(default_factory=list)  # when each step ended (s since start)
     step_tokens: list[int] = field(default_factory=list)  # tokens each engine step fed the model (engine modes)
+    step_sequences: list[int] = field(default_factory=list)  # sequences in each of those steps (engine modes)
     kv_used_tokens: list[int] = field(default_factory=list)  # tokens of unfinished requests in cache, per step
     kv_allocated_bytes: int | None = None
     kv_bytes_per_token: int | None = None

@@ -90,6 +90,7 @@ def run_engine(model: Any, workload: Workload, *, block_size: int, num_blocks: i
     rec.engine_stats = _engine_stats(engine, block_size * bpt, full_batch)
     rec.step_stats = [s for s in engine.stats if s.batch_size]
     rec.step_tokens = [s.num_prefill_tokens + s.num_decode_tokens for s in rec.step_stats]
+    rec.step_sequences = [s.batch_size for s in rec.step_stats]
     return rec
 
 

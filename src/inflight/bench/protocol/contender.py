@@ -120,7 +120,7 @@ def _floor(model: Any, rec: Any, workload: Any) -> dict[str, Any]:
     if not rec.step_tokens:
         raise ValueError(f"mode {rec.mode!r} records no per-step work: the floor is for engine modes")
     run = {"work_per_step": {"tokens": rec.step_tokens, "kv_tokens": rec.kv_used_tokens,
-                             "sequences": [s.batch_size for s in rec.step_stats]}, "wall_s": rec.wall,
+                             "sequences": rec.step_sequences}, "wall_s": rec.wall,
            "useful_tokens": workload.useful_tokens}
     fl = time_floor(model, run, measure_memory_bandwidth(model.device), kv_bytes_per_token(model),
                     prompt_lens=[len(r.prompt) for r in workload.requests],
