@@ -153,3 +153,16 @@ def test_prompt_list_shapes(prompts, n):
 def test_prompt_list_refuses(prompts, error):
     with pytest.raises(error, match="prompt"):
         checks.prompt_list(prompts)
+
+
+def test_an_inflight_switch_is_off_only_when_set_to_a_no(monkeypatch):
+    from inflight.checks import switched_off
+
+    monkeypatch.delenv("INFLIGHT_TEST_SWITCH", raising=False)
+    assert not switched_off("INFLIGHT_TEST_SWITCH")
+    for off in ("0", "false", "No", " OFF "):
+        monkeypatch.setenv("INFLIGHT_TEST_SWITCH", off)
+        assert switched_off("INFLIGHT_TEST_SWITCH")
+    for on in ("1", "yes", "", "true"):
+        monkeypatch.setenv("INFLIGHT_TEST_SWITCH", on)
+        assert not switched_off("INFLIGHT_TEST_SWITCH")

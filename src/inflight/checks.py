@@ -11,11 +11,12 @@ so the scheduling chapters can use these checks where torch is not installed.
 from __future__ import annotations
 
 import math
+import os
 import numbers
 import operator
 from typing import Any
 
-__all__ = ["show", "integer", "number", "flag", "priority", "seed", "token_ids", "prompt", "prompt_list", "is_token_sequence",
+__all__ = ["show", "integer", "number", "flag", "switched_off", "priority", "seed", "token_ids", "prompt", "prompt_list", "is_token_sequence",
            "INT64_MAX", "PRIORITY_RANGE", "SEED_RANGE"]
 
 #: The largest size a container or tensor can have (C's ssize_t): bigger counts are refused by name.
@@ -108,6 +109,12 @@ def flag(name: str, value: Any) -> bool:
     if _is_bool(value) and getattr(value, "ndim", 0) == 0:
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({show(value)})")
+
+
+def switched_off(var: str) -> bool:
+    """Whether the environment turns off the switch `var` (an `INFLIGHT_*` variable): set to 0, false,
+    no or off, in any case; unset or anything else leaves it on."""
+    return os.environ.get(var, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def priority(name: str, value: Any) -> int:

@@ -32,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from inflight import checks
+
 __all__ = ["ThreadConfig", "MachineLoad", "LoadWatch", "configure_threads", "machine_load", "other_runnable",
            "passive_wait_in_effect", "openmp_idle_wait", "set_by_inflight", "environment_for_child", "usable_cores",
            "adaptive_threads_wanted",
@@ -368,4 +370,4 @@ class LoadWatch:
 def adaptive_threads_wanted() -> bool:
     """Whether engines should fit their threads to the free cores (`ThreadGovernor`): yes unless
     `INFLIGHT_ADAPT_THREADS=0`."""
-    return os.environ.get(ADAPT_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not checks.switched_off(ADAPT_VAR)

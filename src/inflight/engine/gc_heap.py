@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import atexit
 import gc
-import os
+
+from inflight import checks
 
 __all__ = ["freeze_gc_heap", "OFF_VAR"]
 
@@ -49,7 +50,7 @@ def freeze_gc_heap() -> None:
     extension modules that count their objects at shutdown (triton's nanobind bindings) would report
     the cycles it left as leaks."""
     global _unfreeze_at_exit
-    if os.environ.get(OFF_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
+    if checks.switched_off(OFF_VAR):
         return
     gc.collect()
     gc.freeze()

@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from inflight import checks
+
 __all__ = ["cache_dir", "cpu_id", "compiler", "library_path", "build", "build_kernel", "LazyLibrary", "turned_off",
            "profiled_call"]
 
@@ -110,7 +112,7 @@ def _load(path: Path, symbols: Sequence[str]) -> ctypes.CDLL:
 def turned_off() -> str | None:
     """Why the C code must not run (`INFLIGHT_CPU_KERNEL=0`: every operator stays on its torch
     reference), or None."""
-    if os.environ.get("INFLIGHT_CPU_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
+    if checks.switched_off("INFLIGHT_CPU_KERNEL"):
         return "turned off by INFLIGHT_CPU_KERNEL=0"
     return None
 

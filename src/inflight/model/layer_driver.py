@@ -17,7 +17,6 @@ Anything else -- or `INFLIGHT_LAYER_DRIVER=0`, or inside `op_by_op()` -- runs th
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from inflight import checks
 from inflight.model import attention, c_build, cpu_attention, fused_ops, skinny_gemm, thread_pool
 
 __all__ = ["run", "load", "build_error", "op_by_op", "clock_into", "REFUSED", "PROFILER_NAME"]
@@ -121,7 +121,7 @@ def _kernels() -> tuple[int, int, int, int, int] | None:
 
 
 def _turned_off() -> bool:
-    return os.environ.get(OFF_VAR, "1").strip().lower() in ("0", "false", "no", "off")
+    return checks.switched_off(OFF_VAR)
 
 
 #: each layer's weights in the driver's order: (the submodule's path, the parameter's name)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from inflight import checks
 from inflight.model import c_build
 from inflight.threads import passive_wait_in_effect
 
@@ -71,7 +72,7 @@ def build_error() -> str | None:
 
 def wanted() -> bool:
     """Whether the kernels should run on the pool: yes unless `INFLIGHT_THREAD_POOL=0`."""
-    return os.environ.get(POOL_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not checks.switched_off(POOL_VAR)
 
 
 def attach(kernels: ctypes.CDLL) -> str:
